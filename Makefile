@@ -1,0 +1,36 @@
+# Makefile: the two set-up commands of the README (make demo, make test) and make bench.
+# Each target creates .venv/ when it is missing, installs torch 2.13.0 (the CPU build; pinned so pip
+# never resolves a multi-GB CUDA build), the test/baseline packages and accelerate_c itself.
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.deps-stamp
+
+.PHONY: venv install build demo test bench clean
+
+$(STAMP): Makefile
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade "setuptools>=61" wheel
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q accelerate==1.15.0 safetensors pytest numpy tqdm pyyaml psutil
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+build: venv
+	$(VPY) setup.py -q build_ext --inplace
+
+install: build
+	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .
+
+demo: install
+	$(VPY) -m accelerate_c launch --num_processes 2 examples/train_gpt.py $(DEMO_ARGS)
+
+test: install
+	$(VPY) -m pytest -q tests
+
+bench: install
+	$(VPY) benchmarks/run_all.py
+
+clean:
+	rm -rf build dist *.egg-info accelerate_c/_C*.so
