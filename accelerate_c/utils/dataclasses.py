@@ -1,0 +1,124 @@
+# accelerate_c/utils/dataclasses.py: the configuration dataclasses and enums of the public API, under
+# HF Accelerate's names and with its fields and defaults (so scripts written for HF run unchanged).
+# Not for: kwargs handlers (utils/kwargs_handlers.py) or behaviour; these are plain data.
+from __future__ import annotations
+
+import copy
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+class DistributedType(str, enum.Enum):
+    """The kind of distributed environment (HF's values; str so it serialises as JSON)."""
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+
+
+class PrecisionType(str, enum.Enum):
+    NO = "no"
+    FP8 = "fp8"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+    @classmethod
+    def list(cls) -> list[str]:
+        return [m.value for m in cls]
+
+
+class RNGType(str, enum.Enum):
+    TORCH = "torch"
+    CUDA = "cuda"
+    MLU = "mlu"
+    SDAA = "sdaa"
+    MUSA = "musa"
+    NPU = "npu"
+    XLA = "xla"
+    XPU = "xpu"
+    HPU = "hpu"
+    GENERATOR = "generator"
+
+
+class SaveMode(str, enum.Enum):  # kept for callers that compare against it
+    DEFAULT = "default"
+
+
+class KwargsHandler:
+    """Mixin giving a dataclass `to_dict()` and `to_kwargs()` (the fields that differ from the defaults)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(self.__dict__)
+
+    def to_kwargs(self) -> dict[str, Any]:
+        default = self.__class__().to_dict()
+        return {k: v for k, v in self.to_dict().items() if default.get(k) != v}
+
+
+@dataclass
+class DataLoaderConfiguration:
+    """How prepared dataloaders shard, dispatch and pad batches (HF's fields and defaults)."""
+
+    split_batches: bool = False
+    dispatch_batches: Optional[bool] = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = False
+    data_seed: Optional[int] = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
+
+
+@dataclass
+class ProjectConfiguration:
+    """Where logs and checkpoints go, and the automatic checkpoint naming policy."""
+
+    project_dir: Optional[str] = None
+    logging_dir: Optional[str] = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: Optional[int] = None
+    iteration: int = 0
+    save_on_each_node: bool = False
+
+    def set_directories(self, project_dir: Optional[str] = None) -> None:
+        self.project_dir = project_dir
+        if self.logging_dir is None:
+            self.logging_dir = project_dir
+
+    def __post_init__(self) -> None:
+        self.set_directories(self.project_dir)
+
+
+@dataclass
+class GradientAccumulationPlugin(KwargsHandler):
+    """Gradient accumulation options (exclusive with Accelerator(gradient_accumulation_steps=...))."""
+
+    num_steps: Optional[int] = None
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+
+@dataclass
+class TorchDynamoPlugin(KwargsHandler):
+    """Accepted for API compatibility; torch.compile is applied when backend is not 'no'."""
+
+    backend: Optional[str] = None
+    mode: Optional[str] = None
+    fullgraph: bool = False
+    dynamic: Optional[bool] = None
+    options: Any = None
+    disable: bool = False
+    use_regional_compilation: bool = False
+    extra: dict = field(default_factory=dict)
