@@ -1,0 +1,389 @@
+# accelerate_c/accelerator.py: the Accelerator façade, HF Accelerate 1.15's API on top of the C base type
+# (accelerate_c._C.Accelerator holds the per-step counters). It wires the state, the precision object,
+# the strategy and the data loaders together and delegates; it never branches on the backend.
+# Not for: process-control helpers and collectives (process_api.py), checkpoints (checkpoint_api.py),
+# backend logic (strategies/), precision logic (precision.py).
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Iterator, Optional
+
+import torch
+
+from . import _C
+from .checkpoint_api import CheckpointAPI
+from .optimizer import AcceleratedOptimizer
+from .precision import make_precision
+from .process_api import ProcessAPI
+from .scheduler import AcceleratedScheduler
+from .state import AcceleratorState, GradientState
+from .strategies import StrategyContext, select_strategy
+from .utils.dataclasses import (DataLoaderConfiguration, GradientAccumulationPlugin, KwargsHandler,
+                                ProjectConfiguration)
+
+_MP_CODES = {"no": 0, "fp16": 1, "bf16": 2, "fp8": 3}
+_UNSET = object()
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+class Accelerator(ProcessAPI, CheckpointAPI, _C.Accelerator):
+    """Drop-in replacement for `accelerate.Accelerator` (same arguments, same behaviour)."""
+
+    def __init__(self, device_placement: bool = True, split_batches: Any = _UNSET,
+                 mixed_precision: Optional[str] = None, gradient_accumulation_steps: int = 1, cpu: bool = False,
+                 dataloader_config: Optional[DataLoaderConfiguration] = None, deepspeed_plugin: Any = None,
+                 fsdp_plugin: Any = None, torch_tp_plugin: Any = None, megatron_lm_plugin: Any = None,
+                 rng_types: Optional[list] = None, log_with: Any = None, project_dir: Optional[str] = None,
+                 project_config: Optional[ProjectConfiguration] = None,
+                 gradient_accumulation_plugin: Optional[GradientAccumulationPlugin] = None,
+                 step_scheduler_with_optimizer: bool = True, kwargs_handlers: Optional[list] = None,
+                 dynamo_backend: Any = None, dynamo_plugin: Any = None, parallelism_config: Any = None,
+                 deepspeed_plugins: Any = None) -> None:
+        unsupported = {"deepspeed_plugin": deepspeed_plugin or deepspeed_plugins or _env_true("ACCELERATE_USE_DEEPSPEED"),
+                       "fsdp_plugin": fsdp_plugin or _env_true("ACCELERATE_USE_FSDP"),
+                       "megatron_lm_plugin": megatron_lm_plugin or _env_true("ACCELERATE_USE_MEGATRON_LM"),
+                       "torch_tp_plugin / parallelism_config": torch_tp_plugin or parallelism_config}
+        for name, given in unsupported.items():
+            if given:
+                raise NotImplementedError(f"accelerate_c: {name} is not supported yet (the sharded engine and "
+                                          "tensor/pipeline parallelism are on the roadmap); use data parallelism")
+        if project_config is not None:
+            if project_dir is not None:
+                project_config.set_directories(project_dir)
+            self.project_configuration = project_config
+        else:
+            self.project_configuration = ProjectConfiguration(project_dir=project_dir)
+
+        self.handlers: dict[str, KwargsHandler] = {}
+        for handler in kwargs_handlers or []:
+            if not isinstance(handler, KwargsHandler):
+                raise ValueError(f"Unsupported kwargs handler passed: {handler!r}; expected KwargsHandler instances")
+            key = type(handler).__name__
+            if key in self.handlers:
+                raise ValueError(f"You can only pass one {key} in `kwargs_handlers`.")
+            self.handlers[key] = handler
+        self.ddp_handler = self.handlers.get("DistributedDataParallelKwargs")
+        self.scaler_handler = self.handlers.get("GradScalerKwargs")
+        self.init_handler = self.handlers.get("InitProcessGroupKwargs")
+        self.autocast_handler = self.handlers.get("AutocastKwargs")
+        self.fp8_recipe_handler = self.handlers.get("FP8RecipeKwargs")
+        self.profile_handler = self.handlers.get("ProfileKwargs")
+
+        init_kwargs = self.init_handler.to_dict() if self.init_handler is not None else {}
+        self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, init_kwargs=init_kwargs)
+
+        if gradient_accumulation_plugin is not None:
+            if gradient_accumulation_steps != 1:
+                raise ValueError("You can only pass one of `gradient_accumulation_steps` and "
+                                 "`gradient_accumulation_plugin`. Please only pass in the created "
+                                 "`GradientAccumulationPlugin` object.")
+        else:
+            steps = gradient_accumulation_steps
+            env_steps = os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
+            if steps == 1 and env_steps:
+                steps = int(env_steps)
+            gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=steps)
+        if gradient_accumulation_plugin.num_steps is not None and gradient_accumulation_plugin.num_steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_plugin.num_steps}")
+        self.gradient_state = GradientState(gradient_accumulation_plugin=gradient_accumulation_plugin)
+        self.gradient_state._attach(self)
+        self._gradient_accumulation_steps = self.gradient_state.num_steps
+        self._sync_each_batch = bool(gradient_accumulation_plugin.sync_each_batch)
+
+        self.device_placement = device_placement
+        self.dataloader_config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
+        self.log_with = log_with
+        self.trackers: list = []
+        self.dynamo_backend = dynamo_backend
+
+        self._num_processes = self.state.num_processes
+        self._process_index = self.state.process_index
+        self._local_process_index = self.state.local_process_index
+        self._mixed_precision_code = _MP_CODES[self.state.mixed_precision]
+        self.precision = make_precision(self.state.mixed_precision, self.device, self.handlers)
+        self.scaler = self.precision.scaler
+        self.native_amp = self.state.mixed_precision in ("fp16", "bf16")
+        self.strategy = select_strategy(StrategyContext(self.state, self.precision, self.handlers))
+        self.use_fused_optimizer = os.environ.get("ACCELERATE_C_FUSED_OPTIMIZER", "1") != "0"
+
+        self.flag_tensor: Optional[torch.Tensor] = None
+        self._models: list = []
+        self._optimizers: list = []
+        self._schedulers: list = []
+        self._dataloaders: list = []
+        self._custom_objects: list = []
+        self._save_model_state_pre_hook: dict = {}
+        self._load_model_state_pre_hook: dict = {}
+
+    # -- properties ------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def distributed_type(self) -> Any:
+        return self.state.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        return self._num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self._process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self._local_process_index
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.state.mixed_precision
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
+
+    @property
+    def multi_device(self) -> bool:
+        return self.use_distributed and self.device.type != "cpu"
+
+    @property
+    def sync_gradients(self) -> bool:
+        return bool(self._sync_gradients)
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state._set_sync_gradients(value)
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self._gradient_accumulation_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        self.gradient_state.plugin_kwargs.update({"num_steps": value})
+        self._gradient_accumulation_steps = value
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def dispatch_batches(self) -> Optional[bool]:
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.dataloader_config.non_blocking
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        return self.dataloader_config.use_stateful_dataloader
+
+    @property
+    def project_dir(self) -> Optional[str]:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> Optional[str]:
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        return self.project_configuration.iteration
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    # -- prepare ---------------------------------------------------------------------------------------
+    def prepare(self, *args: Any, device_placement: Optional[list] = None) -> Any:
+        if device_placement is None:
+            device_placement = [None] * len(args)
+        elif len(device_placement) != len(args):
+            raise ValueError(f"`device_placement` should be a list with {len(args)} elements "
+                             "(the number of objects passed).")
+        # Models and loaders first, then optimizers (which may be rebuilt on the prepared parameters),
+        # then schedulers (which need the prepared optimizers), as HF does in two passes.
+        result = list(args)
+        for kind in ("first", "optimizer", "scheduler"):
+            for i, obj in enumerate(result):
+                result[i] = self._prepare_one(obj, kind, device_placement[i])
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepare_one(self, obj: Any, kind: str, device_placement: Optional[bool]) -> Any:
+        if getattr(obj, "_is_accelerate_prepared", False):
+            return obj
+        if kind == "first":
+            if isinstance(obj, torch.utils.data.DataLoader):
+                return self.prepare_data_loader(obj, device_placement=device_placement)
+            if isinstance(obj, torch.nn.Module):
+                return self.prepare_model(obj, device_placement=device_placement)
+        elif kind == "optimizer" and isinstance(obj, torch.optim.Optimizer):
+            return self.prepare_optimizer(obj, device_placement=device_placement)
+        elif kind == "scheduler" and isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+            return self.prepare_scheduler(obj)
+        return obj
+
+    def prepare_model(self, model: torch.nn.Module, device_placement: Optional[bool] = None,
+                      evaluation_mode: bool = False) -> torch.nn.Module:
+        if device_placement is None:
+            device_placement = self.device_placement
+        self._models.append(model)
+        model = self.precision.prepare_model(model)
+        model = self.strategy.prepare_model(model, device_placement, evaluation_mode)
+        if self.dynamo_backend not in (None, "no", "NO"):
+            model = torch.compile(model, backend=str(self.dynamo_backend).lower())
+        self._models[-1] = model
+        model._is_accelerate_prepared = True
+        return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: Optional[bool] = None) -> AcceleratedOptimizer:
+        if isinstance(optimizer, AcceleratedOptimizer):
+            return optimizer
+        if device_placement is None:
+            device_placement = self.device_placement
+        inner = self.strategy.prepare_optimizer(optimizer)
+        wrapped = AcceleratedOptimizer(inner, precision=self.precision, strategy=self.strategy,
+                                       device_placement=device_placement, device=self.device,
+                                       use_fused=self.use_fused_optimizer)
+        wrapped._is_accelerate_prepared = True
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        optimizer = self._optimizers
+        for opt in self._optimizers:
+            if getattr(scheduler, "optimizer", None) is opt.optimizer:
+                optimizer = opt
+                break
+        wrapped = AcceleratedScheduler(scheduler, optimizer, step_with_optimizer=self.step_scheduler_with_optimizer,
+                                       split_batches=self.split_batches)
+        wrapped._is_accelerate_prepared = True
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    def prepare_data_loader(self, data_loader: Any, device_placement: Optional[bool] = None,
+                            slice_fn_for_dispatch: Any = None) -> Any:
+        from .data_loader import prepare_data_loader
+        if device_placement is None:
+            device_placement = self.device_placement
+        cfg = self.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader, self.device, num_processes=self.num_processes, process_index=self.process_index,
+            split_batches=cfg.split_batches, put_on_device=device_placement, rng_types=list(self.rng_types),
+            dispatch_batches=cfg.dispatch_batches, even_batches=cfg.even_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch, use_seedable_sampler=cfg.use_seedable_sampler,
+            data_seed=cfg.data_seed, non_blocking=cfg.non_blocking,
+            use_stateful_dataloader=cfg.use_stateful_dataloader)
+        prepared._is_accelerate_prepared = True
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        from .data_loader import skip_first_batches
+        return skip_first_batches(dataloader, num_batches=num_batches)
+
+    # -- the training step -----------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        loss = loss / self._gradient_accumulation_steps
+        self.strategy.backward(self.precision.scale_loss(loss), **kwargs)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        self._do_sync(self.gradient_state.end_of_dataloader)
+        allow_sync = self._sync_gradients or (self.use_distributed and self._sync_each_batch)
+        with contextlib.ExitStack() as stack:
+            if not allow_sync:
+                for m in models:
+                    stack.enter_context(self.no_sync(m))
+            yield
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        with self.strategy.no_sync(model):
+            yield
+
+    @staticmethod
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(model: torch.nn.Module) -> Iterator[None]:
+        yield
+
+    @contextlib.contextmanager
+    def autocast(self, autocast_handler: Any = None) -> Iterator[None]:
+        with self.precision.autocast(autocast_handler):
+            yield
+
+    def _inner_optimizers(self, optimizer: Any = None) -> list:
+        opts = self._optimizers if optimizer is None else (optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])
+        return [getattr(o, "optimizer", o) for o in opts]
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        for opt in self._inner_optimizers(optimizer):
+            self.precision.unscale_(opt)
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+        self.unscale_gradients()
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        self.unscale_gradients()
+        self.strategy.clip_grad_value_(parameters, clip_value)
+
+    # -- models ----------------------------------------------------------------------------------------
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool = True) -> torch.nn.Module:
+        if not keep_torch_compile and hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif hasattr(model, "_orig_mod"):
+            return model
+        model = self.strategy.unwrap_model(model)
+        if not keep_fp32_wrapper and getattr(model, "_accelerate_c_autocast", False):
+            model.forward = model._original_forward
+            del model._original_forward
+            model._accelerate_c_autocast = False
+        return model
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict:
+        return self.strategy.get_state_dict(getattr(model, "_orig_mod", model), unwrap=unwrap)
+
+    def end_training(self) -> None:
+        for tracker in self.trackers:
+            tracker.finish()
+        self.strategy.close()
+        self.state.destroy_process_group()
+
+    def free_memory(self, *objects: Any) -> Any:
+        self._models, self._optimizers, self._schedulers, self._dataloaders = [], [], [], []
+        self.step = 0
+        objects = [None] * len(objects)
+        import gc
+        gc.collect()
+        return objects
+
+    clear = free_memory
+
+    def __deepcopy__(self, memo: dict) -> "Accelerator":
+        return self
+
+    def __repr__(self) -> str:
+        return f"Accelerator(\n{self.state!r})"

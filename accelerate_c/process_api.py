@@ -1,0 +1,119 @@
+# accelerate_c/process_api.py: the process-control and collective half of the Accelerator API
+# (is_main_process, wait_for_everyone, gather, gather_for_metrics, reduce, triggers, decorators, ...),
+# as a mixin so accelerator.py stays small. Everything delegates to PartialState or utils.operations.
+# Not for: training-step logic (accelerator.py) or checkpoints (checkpoint_api.py).
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+from .state import PartialState
+
+
+class ProcessAPI:
+    state: Any
+    gradient_state: Any
+    flag_tensor: Optional[torch.Tensor]
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    def wait_for_everyone(self) -> None:
+        PartialState().wait_for_everyone()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        PartialState().print(*args, **kwargs)
+
+    @contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        with PartialState().main_process_first():
+            yield
+
+    @contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        with PartialState().local_main_process_first():
+            yield
+
+    @contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        with PartialState().split_between_processes(inputs, apply_padding=apply_padding) as part:
+            yield part
+
+    def on_main_process(self, function: Optional[Callable] = None) -> Callable:
+        return PartialState().on_main_process(function)
+
+    def on_local_main_process(self, function: Optional[Callable] = None) -> Callable:
+        return PartialState().on_local_main_process(function)
+
+    def on_last_process(self, function: Callable) -> Callable:
+        return PartialState().on_last_process(function)
+
+    def on_process(self, function: Optional[Callable] = None, process_index: Optional[int] = None) -> Callable:
+        return PartialState().on_process(function, process_index=process_index)
+
+    def on_local_process(self, function: Optional[Callable] = None, local_process_index: Optional[int] = None) -> Callable:
+        return PartialState().on_local_process(function, local_process_index=local_process_index)
+
+    # -- collectives -----------------------------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        from .utils.operations import gather
+        return gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gathers like `gather`, then drops the samples the last batch repeated to keep ranks even."""
+        from .utils.operations import gather, gather_object, recursively_apply
+        try:
+            recursively_apply(lambda x: x, input_data, error_on_other_type=True)
+            all_tensors = True
+        except TypeError:
+            all_tensors = False
+        use_gather_object = use_gather_object or not all_tensors
+        data = gather_object(input_data) if use_gather_object else gather(input_data)
+        gs = self.gradient_state
+        if not gs.end_of_dataloader or gs.remainder <= 0:
+            return data
+        keep = gs.remainder
+        if use_gather_object:
+            return data[:keep]
+        return recursively_apply(lambda t: t[:keep], data)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        from .utils.operations import reduce
+        return reduce(tensor, reduction, scale)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        from .utils.operations import pad_across_processes
+        return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def set_trigger(self) -> None:
+        self.flag_tensor = torch.tensor(1, device=self.state.device)
+
+    def check_trigger(self) -> bool:
+        if self.flag_tensor is None:
+            self.flag_tensor = torch.tensor(0, device=self.state.device)
+        flag = self.reduce(self.flag_tensor)
+        if flag.item() >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.state.device)
+            return True
+        return False
+
+    # -- trackers (minimal: none are built in yet; calls are accepted and do nothing) --------------------
+    def init_trackers(self, project_name: str, config: Optional[dict] = None, init_kwargs: Optional[dict] = None) -> None:
+        pass
+
+    def log(self, values: dict, step: Optional[int] = None, log_kwargs: Optional[dict] = None) -> None:
+        pass
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        raise ValueError(f"no tracker named {name!r} (accelerate_c has no built-in trackers yet)")

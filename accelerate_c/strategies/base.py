@@ -1,0 +1,83 @@
+# accelerate_c/strategies/base.py: the contract every backend implements, and the context it receives.
+# The Accelerator calls only these methods; it never asks which backend it has. Adding a backend means
+# one new file in this folder with a @register'ed Strategy subclass (see strategies/__init__.py).
+# Not for: precision (precision.py) or data loading (data_loader.py), which are backend-independent.
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Optional
+
+import torch
+
+from ..utils.dataclasses import DistributedType
+
+
+@dataclass
+class StrategyContext:
+    """What a strategy may know about the run: the process state, the precision object and the user's
+    kwargs handlers (keyed by class name, e.g. "DistributedDataParallelKwargs")."""
+
+    state: Any                      # AcceleratorState
+    precision: Any                  # precision.Precision
+    handlers: dict[str, Any] = field(default_factory=dict)
+
+    def handler(self, name: str) -> Optional[Any]:
+        return self.handlers.get(name)
+
+
+class Strategy:
+    """Base class: single-process behaviour. Subclasses override what differs."""
+
+    name = "base"
+    priority = 0  # higher wins when several strategies apply
+
+    def __init__(self, ctx: StrategyContext) -> None:
+        self.ctx = ctx
+        self.state = ctx.state
+
+    # -- selection -------------------------------------------------------------------------------------
+    @classmethod
+    def applies(cls, state: Any, handlers: dict[str, Any]) -> bool:
+        return False
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.state.distributed_type
+
+    # -- preparation -----------------------------------------------------------------------------------
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
+        if device_placement:
+            model = model.to(self.state.device)
+        return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        return optimizer
+
+    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return getattr(model, "module", model) if getattr(model, "_accelerate_c_wrapper", False) else model
+
+    # -- the step --------------------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        loss.backward(**kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        yield
+
+    def before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called right before a synchronising optimizer step (a strategy may wait for in-flight
+        communication here)."""
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Iterable[torch.nn.Parameter], clip_value: float) -> None:
+        torch.nn.utils.clip_grad_value_(list(parameters), clip_value)
+
+    # -- state -----------------------------------------------------------------------------------------
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        return (self.unwrap_model(model) if unwrap else model).state_dict()
+
+    def close(self) -> None:
+        """Release communication resources (end_training)."""
