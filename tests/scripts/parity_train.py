@@ -1,0 +1,78 @@
+# tests/scripts/parity_train.py: one training script run under HF Accelerate or accelerate_c
+# (--impl accelerate|accelerate_c), on 1 or N processes; writes per-step global losses and the final
+# weights to --out (JSON + safetensors) on the main process. Used by tests/test_parity.py.
+# Not for: anything but comparing implementations and process counts on the same data and seed.
+import argparse
+import importlib
+import json
+import os
+
+import torch
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--impl", default="accelerate_c")
+    p.add_argument("--out", required=True)
+    p.add_argument("--global_batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--grad_accum", type=int, default=1)
+    p.add_argument("--optimizer", default="adamw")
+    p.add_argument("--shuffle", action="store_true")
+    p.add_argument("--unused_param", action="store_true")
+    p.add_argument("--mixed_precision", default="no")
+    args = p.parse_args()
+    acc = importlib.import_module(args.impl)
+    accelerator = acc.Accelerator(gradient_accumulation_steps=args.grad_accum, mixed_precision=args.mixed_precision,
+                                  cpu=True)
+    torch.manual_seed(0)
+    n = args.global_batch * args.steps * args.grad_accum
+    x = torch.randn(n, 4)
+    y = x @ torch.tensor([[1.5], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(n, 1)
+    ds = torch.utils.data.TensorDataset(x, y)
+    per_proc = args.global_batch // accelerator.num_processes
+    loader = torch.utils.data.DataLoader(ds, batch_size=per_proc, shuffle=args.shuffle)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.l1, self.l2 = torch.nn.Linear(4, 16), torch.nn.Linear(16, 1)
+            self.unused = torch.nn.Linear(16, 1) if args.unused_param else None
+
+        def forward(self, inp: torch.Tensor) -> torch.Tensor:
+            return self.l2(torch.tanh(self.l1(inp)))
+
+    torch.manual_seed(1)
+    model = Net()
+    if args.optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
+    model, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)
+    losses = []
+    for xb, yb in loader:
+        with accelerator.accumulate(model):
+            out = model(xb)
+            loss = torch.nn.functional.mse_loss(out, yb)
+            accelerator.backward(loss)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        losses.append(accelerator.gather(loss.detach().reshape(1)).mean().item())
+    state = accelerator.unwrap_model(model).state_dict()
+    if accelerator.is_main_process:
+        from safetensors.torch import save_file
+        os.makedirs(args.out, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(args.out, "weights.safetensors"))
+        with open(os.path.join(args.out, "losses.json"), "w") as f:
+            json.dump({"losses": losses, "lr": sched.get_last_lr()}, f)
+    # every rank checks it holds the same parameters as rank 0, bit for bit
+    flat = torch.cat([v.reshape(-1).float() for v in state.values()])
+    ref = accelerator.gather(flat.unsqueeze(0))
+    assert all(torch.equal(ref[0], ref[i]) for i in range(ref.shape[0])), "ranks hold different parameters"
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()

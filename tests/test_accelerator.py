@@ -1,0 +1,166 @@
+# tests/test_accelerator.py: single-process behaviour of the Accelerator façade against HF Accelerate 1.15
+# run side by side in the same process (state reset between the two): the accumulation/sync sequence,
+# optimizer no-ops while accumulating, scheduler stepping, backward's division, argument validation and
+# the C base type. Not for: multi-process parity (test_parity.py).
+import importlib
+
+import pytest
+import torch
+
+
+def _reset(mod_name):
+    state = importlib.import_module(f"{mod_name}.state")
+    state.AcceleratorState._reset_state(True)
+    state.GradientState._reset_state()
+
+
+@pytest.fixture(autouse=True)
+def clean_state():
+    for m in ("accelerate", "accelerate_c"):
+        _reset(m)
+    yield
+    for m in ("accelerate", "accelerate_c"):
+        _reset(m)
+
+
+def _run_loop(mod_name, grad_accum, n_samples, batch, sched_cls="step"):
+    mod = importlib.import_module(mod_name)
+    acc = mod.Accelerator(gradient_accumulation_steps=grad_accum, cpu=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    ds = torch.utils.data.TensorDataset(torch.randn(n_samples, 3), torch.randn(n_samples, 2))
+    dl = torch.utils.data.DataLoader(ds, batch_size=batch)
+    model, opt, dl, sched = acc.prepare(model, opt, dl, sched)
+    trace = []
+    for x, y in dl:
+        with acc.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            acc.backward(loss)
+            grad = model.weight.grad.clone()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            trace.append((acc.sync_gradients, acc.step, acc.gradient_state.end_of_dataloader,
+                          sched.get_last_lr()[0], grad, model.weight.detach().clone(), loss.item()))
+    _reset(mod_name)
+    return trace
+
+
+@pytest.mark.parametrize("grad_accum,n,batch", [(1, 10, 2), (2, 10, 2), (3, 10, 2), (4, 7, 1)])
+def test_accumulation_matches_hf(grad_accum, n, batch):
+    ours = _run_loop("accelerate_c", grad_accum, n, batch)
+    hf = _run_loop("accelerate", grad_accum, n, batch)
+    assert len(ours) == len(hf)
+    for i, (a, b) in enumerate(zip(ours, hf)):
+        assert a[:4] == b[:4], f"micro-step {i}: ours {a[:4]} vs HF {b[:4]}"
+        torch.testing.assert_close(a[4], b[4], rtol=0, atol=1e-7)
+        torch.testing.assert_close(a[5], b[5], rtol=0, atol=1e-7)
+        assert abs(a[6] - b[6]) < 1e-6
+
+
+def test_backward_divides_by_accumulation_steps_outside_accumulate():
+    import accelerate_c
+    acc = accelerate_c.Accelerator(gradient_accumulation_steps=4)
+    w = torch.ones(3, requires_grad=True)
+    acc.backward((w * 2).sum())
+    assert torch.equal(w.grad, torch.full((3,), 0.5))
+
+
+def test_optimizer_and_scheduler_are_noops_while_accumulating():
+    import accelerate_c
+    acc = accelerate_c.Accelerator(gradient_accumulation_steps=2)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    model, opt = acc.prepare(model, opt)
+    before = model.weight.detach().clone()
+    with acc.accumulate(model):
+        acc.backward(model(torch.ones(1, 2)).sum())
+        assert not acc.sync_gradients
+        opt.step()
+        opt.zero_grad()
+    assert torch.equal(model.weight, before) and model.weight.grad is not None
+    with acc.accumulate(model):
+        acc.backward(model(torch.ones(1, 2)).sum())
+        assert acc.sync_gradients
+        opt.step()
+    assert not torch.equal(model.weight, before)
+
+
+def test_kwargs_handler_validation():
+    import accelerate_c
+    from accelerate_c import DistributedDataParallelKwargs, GradientAccumulationPlugin
+    with pytest.raises(ValueError, match="only pass one DistributedDataParallelKwargs"):
+        accelerate_c.Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(), DistributedDataParallelKwargs()])
+    with pytest.raises(ValueError, match="gradient_accumulation_plugin"):
+        accelerate_c.Accelerator(gradient_accumulation_steps=2,
+                                 gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2))
+    with pytest.raises(ValueError, match="mixed_precision"):
+        accelerate_c.Accelerator(mixed_precision="fp4")
+
+
+def test_env_defaults(monkeypatch):
+    import accelerate_c
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "3")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    acc = accelerate_c.Accelerator()
+    assert acc.gradient_accumulation_steps == 3 and acc.mixed_precision == "bf16"
+
+
+def test_prepare_returns_same_order_and_types():
+    import accelerate_c
+    from accelerate_c.optimizer import AcceleratedOptimizer
+    from accelerate_c.scheduler import AcceleratedScheduler
+    acc = accelerate_c.Accelerator()
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    dl = torch.utils.data.DataLoader(list(range(4)), batch_size=2)
+    s2, d2, m2, o2 = acc.prepare(sched, dl, model, opt)
+    assert isinstance(s2, AcceleratedScheduler) and isinstance(o2, AcceleratedOptimizer)
+    assert isinstance(m2, torch.nn.Module) and [b.tolist() for b in d2] == [[0, 1], [2, 3]]
+    assert acc.prepare(m2) is m2  # no double wrapping
+
+
+def test_bf16_autocast_forward_returns_fp32():
+    import accelerate_c
+    acc = accelerate_c.Accelerator(mixed_precision="bf16")
+    model = acc.prepare(torch.nn.Linear(4, 4))
+    out = model(torch.randn(2, 4))
+    assert out.dtype == torch.float32
+    with acc.autocast():
+        assert torch.nn.functional.linear(torch.randn(2, 4), torch.randn(4, 4)).dtype == torch.bfloat16
+    plain = acc.unwrap_model(model, keep_fp32_wrapper=False)
+    assert not getattr(plain, "_accelerate_c_autocast", False)
+
+
+def test_c_base_type_do_sync():
+    from accelerate_c import _C
+    a = _C.Accelerator()
+    a._gradient_accumulation_steps = 3
+    assert [a._do_sync(False) for _ in range(6)] == [False, False, True, False, False, True]
+    a.step = 1
+    assert a._do_sync(True) is True and a.step == 0  # end of dataloader forces a sync and resets
+    a._gradient_accumulation_steps = 0
+    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
+        a._do_sync(False)
+
+
+def test_trigger_and_split_single_process():
+    import accelerate_c
+    acc = accelerate_c.Accelerator()
+    assert acc.check_trigger() is False
+    acc.set_trigger()
+    assert acc.check_trigger() is True and acc.check_trigger() is False
+    with acc.split_between_processes([1, 2, 3]) as part:
+        assert part == [1, 2, 3]
+
+
+def test_reset_state_error_text():
+    from accelerate_c.state import AcceleratorState
+    import accelerate_c
+    acc = accelerate_c.Accelerator()
+    AcceleratorState._reset_state(True)
+    with pytest.raises(AttributeError, match=r"This happens if `AcceleratorState._reset_state\(\)` was called"):
+        acc.state.device
