@@ -338,6 +338,7 @@ class Accelerator(ProcessAPI, CheckpointAPI, _C.Accelerator):
         return [getattr(o, "optimizer", o) for o in opts]
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
+        self.strategy.wait_for_gradients()
         for opt in self._inner_optimizers(optimizer):
             self.precision.unscale_(opt)
 

@@ -66,6 +66,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         if not self.gradient_state.sync_gradients:
             return
+        if self.strategy is not None and self.strategy.zero_grad(self.optimizer, True if set_to_none is None else set_to_none):
+            return
         if "set_to_none" in inspect.signature(self.optimizer.zero_grad).parameters:
             self.optimizer.zero_grad(set_to_none=True if set_to_none is None else set_to_none)
         else:

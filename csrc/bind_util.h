@@ -30,4 +30,7 @@ extern PyMethodDef acc_shm_methods[];
 /* Creates the Accelerator heap type for `module` (accel_type.c). */
 PyObject *acc_accelerator_type_create(PyObject *module);
 
+/* Creates the BucketCounter heap type (bucket_type.c). */
+PyObject *acc_bucket_counter_type_create(PyObject *module);
+
 #endif

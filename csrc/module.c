@@ -69,6 +69,11 @@ static int acc_exec(PyObject *m) {
     st->accelerator_type = acc_accelerator_type_create(m);
     if (!st->accelerator_type) return -1;
     if (PyModule_AddObjectRef(m, "Accelerator", st->accelerator_type) < 0) return -1;
+    PyObject *bucket_type = acc_bucket_counter_type_create(m);
+    if (!bucket_type) return -1;
+    int rc = PyModule_AddObjectRef(m, "BucketCounter", bucket_type);
+    Py_DECREF(bucket_type);
+    if (rc < 0) return -1;
     if (PyModule_AddIntConstant(m, "LIMITED_API", Py_LIMITED_API) < 0) return -1;
     return 0;
 }

@@ -69,6 +69,13 @@ class Strategy:
         """Called right before a synchronising optimizer step (a strategy may wait for in-flight
         communication here)."""
 
+    def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
+        """Optionally zero the optimizer's gradients itself (e.g. in flat buffers); True if it did."""
+        return False
+
+    def wait_for_gradients(self) -> None:
+        """Block until gradients of the last backward are final (communication finished)."""
+
     def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
 

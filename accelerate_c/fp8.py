@@ -1,0 +1,170 @@
+# accelerate_c/fp8.py: mixed_precision="fp8": nn.Linear layers are swapped for FP8Linear, which casts its
+# input, weight and (in backward) output gradient to float8 with per-tensor scales, using
+# accelerate_c.ops.cast (scale, RNE, saturation and amax in one pass). Scaling is either current
+# (dynamic: scale from this tensor's amax) or delayed (scale from an amax history of earlier steps, the
+# new amax recorded in the same cast pass). Format E4M3 everywhere, or HYBRID: e4m3 forward, e5m2 grads.
+# On a GPU with fp8 support the forward matmul uses torch._scaled_mm; elsewhere it computes on the
+# dequantised values (same numerics, no speed-up).
+# Not for: fp16/bf16 (precision.py) or the cast kernel itself (ops.py, csrc/kernels/cast.c).
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from .precision import Precision
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+FP8_MAX = {E4M3: 448.0, E5M2: 57344.0}
+
+
+@dataclass
+class FP8Config:
+    fp8_format: str = "HYBRID"          # "E4M3" or "HYBRID"
+    use_delayed_scaling: bool = False
+    amax_history_len: int = 16
+    amax_compute_algo: str = "max"      # "max" or "most_recent"
+    margin: int = 0
+    module_filter_func: Optional[Callable[[torch.nn.Module, str], bool]] = None
+
+    @classmethod
+    def from_handler(cls, handler: Any) -> "FP8Config":
+        cfg = cls()
+        env = {"fp8_format": "ACCELERATE_FP8_FORMAT", "amax_history_len": "ACCELERATE_FP8_AMAX_HISTORY_LEN",
+               "amax_compute_algo": "ACCELERATE_FP8_AMAX_COMPUTE_ALGO", "margin": "ACCELERATE_FP8_MARGIN",
+               "use_delayed_scaling": "ACCELERATE_FP8_DELAYED_SCALING"}
+        for name, var in env.items():
+            value = getattr(handler, name, None) if handler is not None else None
+            if value is None and os.environ.get(var):
+                raw = os.environ[var]
+                value = raw.lower() in ("1", "true", "yes") if name == "use_delayed_scaling" else type(getattr(cfg, name))(raw)
+            if value is not None:
+                setattr(cfg, name, value)
+        if handler is not None and getattr(handler, "module_filter_func", None) is not None:
+            cfg.module_filter_func = handler.module_filter_func
+        cfg.fp8_format = str(cfg.fp8_format).upper()
+        if cfg.fp8_format not in ("E4M3", "HYBRID"):
+            raise ValueError(f"fp8_format={cfg.fp8_format!r} is not supported; allowed: E4M3, HYBRID")
+        if cfg.amax_compute_algo not in ("max", "most_recent"):
+            raise ValueError(f"amax_compute_algo={cfg.amax_compute_algo!r}; allowed: max, most_recent")
+        if cfg.amax_history_len < 1:
+            raise ValueError(f"amax_history_len must be >= 1, got {cfg.amax_history_len}")
+        return cfg
+
+
+class ScaleState:
+    """Per-tensor scaling state: the amax history (delayed scaling) and the scale last used."""
+
+    def __init__(self, dtype: torch.dtype, cfg: FP8Config) -> None:
+        self.dtype, self.cfg = dtype, cfg
+        self.history: list[float] = []
+
+    def _scale_from(self, amax: float) -> float:
+        if not (amax > 0.0) or amax == float("inf"):
+            return 1.0
+        return FP8_MAX[self.dtype] / amax / (2.0 ** self.cfg.margin)
+
+    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Returns (x cast to fp8, scale). Delayed scaling casts with the history's scale and records
+        this tensor's amax from the same pass; current scaling computes amax first."""
+        from .ops import cast
+        if self.cfg.use_delayed_scaling and self.history:
+            amax_hist = max(self.history) if self.cfg.amax_compute_algo == "max" else self.history[-1]
+            scale = self._scale_from(amax_hist)
+            q, amax = cast(x, self.dtype, scale=scale, return_amax=True)
+            self._record(float(amax))
+            return q, scale
+        amax = float(x.detach().abs().max()) if x.numel() else 0.0
+        scale = self._scale_from(amax)
+        q = cast(x, self.dtype, scale=scale)
+        if self.cfg.use_delayed_scaling:
+            self._record(amax)
+        return q, scale
+
+    def _record(self, amax: float) -> None:
+        self.history.append(amax)
+        if len(self.history) > self.cfg.amax_history_len:
+            del self.history[0]
+
+
+def _dequant(q: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    return q.to(torch.float32).mul_(1.0 / scale).to(dtype)
+
+
+def _use_scaled_mm(x: torch.Tensor) -> bool:
+    return x.is_cuda and torch.cuda.get_device_capability(x.device) >= (8, 9) and hasattr(torch, "_scaled_mm")
+
+
+class _FP8LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], module: "FP8Linear") -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        xq, sx = module.x_state.quantize(x2)
+        wq, sw = module.w_state.quantize(weight)
+        if _use_scaled_mm(x2) and x2.shape[0] % 16 == 0:
+            out = torch._scaled_mm(xq, wq.t(), scale_a=torch.tensor(1.0 / sx, device=x.device),
+                                   scale_b=torch.tensor(1.0 / sw, device=x.device), out_dtype=x.dtype)
+        else:
+            out = _dequant(xq, sx, x.dtype) @ _dequant(wq, sw, weight.dtype).t()
+        if bias is not None:
+            out = out + bias
+        ctx.save_for_backward(xq, wq)
+        ctx.scales, ctx.module, ctx.shape, ctx.has_bias = (sx, sw), module, shape, bias is not None
+        ctx.dtypes = (x.dtype, weight.dtype)
+        return out.reshape(*shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Any:
+        xq, wq = ctx.saved_tensors
+        sx, sw = ctx.scales
+        g2 = grad_out.reshape(-1, grad_out.shape[-1])
+        gq, sg = ctx.module.g_state.quantize(g2)
+        g = _dequant(gq, sg, torch.float32)
+        grad_x = (g @ _dequant(wq, sw, torch.float32)).to(ctx.dtypes[0]).reshape(ctx.shape)
+        grad_w = (g.t() @ _dequant(xq, sx, torch.float32)).to(ctx.dtypes[1])
+        grad_b = g2.sum(0).to(ctx.dtypes[1]) if ctx.has_bias else None
+        return grad_x, grad_w, grad_b, None
+
+
+class FP8Linear(torch.nn.Module):
+    """Drop-in for nn.Linear; keeps the original Parameters (so optimizers built before prepare work)."""
+
+    def __init__(self, linear: torch.nn.Linear, cfg: FP8Config) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        grad_dtype = E5M2 if cfg.fp8_format == "HYBRID" else E4M3
+        self.x_state, self.w_state, self.g_state = ScaleState(E4M3, cfg), ScaleState(E4M3, cfg), ScaleState(grad_dtype, cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _FP8LinearFn.apply(x, self.weight, self.bias, self)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def convert_to_fp8(model: torch.nn.Module, cfg: FP8Config) -> torch.nn.Module:
+    """Swaps every nn.Linear the filter accepts (default: all) for FP8Linear, in place."""
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if type(child) is torch.nn.Linear and (cfg.module_filter_func is None or cfg.module_filter_func(child, full)):
+                setattr(module, child_name, FP8Linear(child, cfg))
+    return model
+
+
+class FP8Precision(Precision):
+    mode = "fp8"
+
+    def __init__(self, device: torch.device, handlers: dict[str, Any]) -> None:
+        super().__init__(device, handlers)
+        self.cfg = FP8Config.from_handler(handlers.get("FP8RecipeKwargs"))
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        if not getattr(model, "_accelerate_c_fp8", False):
+            convert_to_fp8(model, self.cfg)
+            model._accelerate_c_fp8 = True
+        return model

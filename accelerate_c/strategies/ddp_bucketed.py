@@ -1,0 +1,229 @@
+# accelerate_c/strategies/ddp_bucketed.py: data parallelism with a bucketed gradient all-reduce that
+# overlaps backward. After prepare, every parameter's .grad is a view into one flat gradient buffer per
+# dtype (no copies between gradients and buckets); buckets are slices of it, in reverse registration
+# order (gradients arrive roughly in that order), a small first bucket then `bucket_cap_mb`.
+# As autograd accumulates each gradient, a hook marks the parameter in the C BucketCounter; when a bucket
+# (and all before it: collectives are matched by issue order) is complete, its all-reduce starts
+# asynchronously. Unused parameters are marked at the end of backward. The optimizer step (and
+# clip_grad_norm_/unscale, which read gradients) waits only for what is still in flight, then divides by
+# the world size (sum, then divide, the same on every rank, so ranks stay bitwise identical).
+# Parameters no rank used in a step get grad None, as in the single-process loop.
+# Not for: the transport (accelerate_c.comm) or the reference path (strategies/ddp.py).
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Iterable, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from .. import _C
+from . import register
+from .ddp import DataParallel, DataParallelModule
+
+FIRST_BUCKET_BYTES = 1 << 20
+
+
+class _Bucket:
+    __slots__ = ("buffer", "offset", "numel")
+
+    def __init__(self, buffer: torch.Tensor, offset: int, numel: int) -> None:
+        self.buffer, self.offset, self.numel = buffer, offset, numel
+
+    def view(self) -> torch.Tensor:
+        return self.buffer[self.offset:self.offset + self.numel]
+
+
+class BucketedGradSync:
+    """Flat gradient buffers, buckets and the asynchronous all-reduce of each bucket."""
+
+    def __init__(self, params: list[torch.nn.Parameter], transport: Any, world_size: int, bucket_cap_mb: float) -> None:
+        self.world_size = world_size
+        self.transport = transport
+        self.enabled = True
+        self.defer_wait = False
+        self._in_pass = False
+        self._works: list = []
+        # Reverse registration order: the order gradients become ready in a typical backward.
+        order = list(reversed(params))
+        self.params = order
+        self.index = {id(p): i for i, p in enumerate(order)}
+        by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+        for p in order:
+            by_dtype.setdefault(p.dtype, []).append(p)
+        self.buffers: dict[torch.dtype, torch.Tensor] = {}
+        self.views: list[torch.Tensor] = [None] * len(order)  # type: ignore[list-item]
+        cap = max(1, int(bucket_cap_mb * (1 << 20)))
+        self.buckets: list[_Bucket] = []
+        param_bucket = [0] * len(order)
+        for dtype, plist in by_dtype.items():
+            total = sum(p.numel() for p in plist)
+            buf = transport.alloc(total, dtype, plist[0].device)
+            self.buffers[dtype] = buf
+            off, start, limit = 0, 0, FIRST_BUCKET_BYTES if not self.buckets else cap
+            esize = buf.element_size()
+            for p in plist:
+                n = p.numel()
+                if off > start and (off - start + n) * esize > limit:
+                    self.buckets.append(_Bucket(buf, start, off - start))
+                    start, limit = off, cap
+                param_bucket[self.index[id(p)]] = len(self.buckets)
+                view = buf[off:off + n].view_as(p)
+                if p.grad is not None:
+                    view.copy_(p.grad)
+                p.grad = view
+                self.views[self.index[id(p)]] = view
+                off += n
+            self.buckets.append(_Bucket(buf, start, off - start))
+        self.counter = _C.BucketCounter(param_bucket, len(self.buckets))
+        self.bytes_per_sync = sum(b.numel * b.buffer.element_size() for b in self.buckets) + 4 * len(order)
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in order]
+
+    # -- backward-time hooks ---------------------------------------------------------------------------
+    def _on_grad(self, p: torch.Tensor) -> None:
+        if not self.enabled:
+            return
+        i = self.index[id(p)]
+        view = self.views[i]
+        if p.grad is not view:
+            # zero_grad(set_to_none=True) or a user assignment replaced the view: put it back.
+            view.copy_(p.grad)
+            p.grad = view
+        if not self._in_pass:
+            self._in_pass = True
+            self._used = torch.zeros(len(self.params))
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        self._used[i] = 1.0
+        first, end = self.counter.mark(i)
+        self._launch(first, end)
+
+    def _launch(self, first: int, end: int) -> None:
+        for b in range(first, end):
+            self._works.append(self.transport.all_reduce_async(self.buckets[b].view()))
+
+    def _end_of_backward(self) -> None:
+        # Unused parameters: zero their slice (it may hold stale values) and mark them.
+        for i in self.counter.unmarked():
+            self.views[i].zero_()
+            if self.params[i].grad is not self.views[i]:
+                self.params[i].grad = self.views[i]
+        first, end = self.counter.mark_all_remaining()
+        self._launch(first, end)
+        self._works.append(self.transport.all_reduce_async(self._used))
+        self._in_pass = False
+        self.counter.reset()
+        if not self.defer_wait:
+            self.wait()
+
+    # -- completion --------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def wait(self) -> None:
+        if not self._works:
+            return
+        works, self._works = self._works, []
+        for w in works:
+            w.wait()
+        for buf in self.buffers.values():
+            buf.div_(self.world_size)
+        used = self._used
+        for i in torch.nonzero(used == 0).flatten().tolist():
+            self.params[i].grad = None
+
+    def zero_grad(self, params: Iterable[torch.nn.Parameter], set_to_none: bool) -> bool:
+        """Zero the flat buffers in place (keeping the views) when the optimizer owns all our params."""
+        plist = list(params)
+        if not all(id(p) in self.index for p in plist):
+            return False
+        self.wait()
+        for p in plist:
+            i = self.index[id(p)]
+            self.views[i].zero_()
+            p.grad = self.views[i]
+        return True
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class GlooTransport:
+    """torch.distributed (gloo on CPU, NCCL on GPU) as the bucket transport."""
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
+
+    def alloc(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.zeros(numel, dtype=dtype, device=device)
+
+    def all_reduce_async(self, t: torch.Tensor) -> Any:
+        return dist.all_reduce(t, group=self.group, async_op=True)
+
+
+def make_transport(device: torch.device) -> Any:
+    if device.type == "cpu" and os.environ.get("ACCELERATE_C_TRANSPORT", "shm") == "shm":
+        try:
+            from ..comm import bucket_transport
+        except ImportError:
+            return GlooTransport()
+        t = bucket_transport()
+        if t is not None:
+            return t
+    return GlooTransport()
+
+
+@register("ddp_bucketed")
+class BucketedDataParallel(DataParallel):
+    priority = 20
+
+    @classmethod
+    def applies(cls, state: Any, handlers: dict[str, Any]) -> bool:
+        return state.num_processes > 1 and os.environ.get("ACCELERATE_C_GRAD_SYNC", "bucketed") == "bucketed"
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self.transport: Optional[Any] = None
+
+    def make_sync(self, params: list[torch.nn.Parameter]) -> BucketedGradSync:
+        if self.transport is None:
+            self.transport = make_transport(self.state.device)
+        cap = 25.0 if self.kwargs is None else float(self.kwargs.bucket_cap_mb)
+        return BucketedGradSync(params, self.transport, self.state.num_processes, cap)
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        for s in self._syncs:
+            s.defer_wait = True
+        try:
+            loss.backward(**kwargs)
+        finally:
+            for s in self._syncs:
+                s.defer_wait = False
+
+    def wait_for_gradients(self) -> None:
+        for s in self._syncs:
+            s.wait()
+
+    def before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.wait_for_gradients()
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        return any(s.zero_grad(params, set_to_none) for s in self._syncs)
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        self.wait_for_gradients()
+        return super().clip_grad_norm_(parameters, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters: Iterable[torch.nn.Parameter], clip_value: float) -> None:
+        self.wait_for_gradients()
+        super().clip_grad_value_(parameters, clip_value)
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        self.wait_for_gradients()
+        return super().get_state_dict(model, unwrap)
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        with super().no_sync(model):
+            yield
