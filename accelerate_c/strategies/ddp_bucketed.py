@@ -131,15 +131,18 @@ class BucketedGradSync:
             self.params[i].grad = None
 
     def zero_grad(self, params: Iterable[torch.nn.Parameter], set_to_none: bool) -> bool:
-        """Zero the flat buffers in place (keeping the views) when the optimizer owns all our params."""
+        """Zero the flat buffers in place, keeping the views, when the optimizer owns only our params.
+        Gradients stay allocated (zeros) rather than None even with set_to_none, which saves a copy per
+        parameter in the next backward; parameters whose grad is None (unused) stay None."""
         plist = list(params)
         if not all(id(p) in self.index for p in plist):
             return False
         self.wait()
         for p in plist:
-            i = self.index[id(p)]
-            self.views[i].zero_()
-            p.grad = self.views[i]
+            if p.grad is not None:
+                view = self.views[self.index[id(p)]]
+                view.zero_()
+                p.grad = view
         return True
 
     def remove(self) -> None:
