@@ -185,28 +185,33 @@ def main(outdir):
             dl = odl.prepare_data_loader(DataLoader(list(range(3)), batch_size=1), even_batches=even)
             assert [len(b) for b in dl] == expect, (even, [b.tolist() for b in dl])
 
-    @check("distributed_resume")
-    def _():
-        def make(seed):
-            torch.manual_seed(seed + rank)
-            return odl.prepare_data_loader(DataLoader(list(range(21)), batch_size=2, shuffle=True),
-                                           rng_types=["generator"])
+    for mode in ("shard", "dispatch", "dispatch_split"):
+        @check(f"distributed_resume_{mode}")
+        def _():
+            def make(seed):
+                torch.manual_seed(seed + rank)
+                kw = dict(rng_types=["generator"])
+                if mode != "shard":
+                    kw.update(device=torch.device("cpu"), put_on_device=True, dispatch_batches=True,
+                              split_batches=mode == "dispatch_split")
+                return odl.prepare_data_loader(DataLoader(list(range(21)), batch_size=2, shuffle=True), **kw)
 
-        ref = make(8)
-        full = [b.tolist() for _ in range(3) for b in ref]
-        dl, head, sd = make(8), [], None
-        for _ in range(3):
-            for b in dl:
-                head.append(b.tolist())
-                if len(head) == 8:
-                    sd = dl.state_dict()
+            ref = make(8)
+            full = [b.tolist() for _ in range(3) for b in ref]
+            dl, head, sd = make(8), [], None
+            for _ in range(3):
+                for b in dl:
+                    head.append(b.tolist())
+                    if len(head) == 7:
+                        sd, rng = dl.state_dict(), torch.get_rng_state()
+                        break
+                if sd is not None:
                     break
-            if sd is not None:
-                break
-        fresh = make(50)
-        fresh.load_state_dict(sd)
-        tail = [b.tolist() for _ in range(3 - sd["iteration"]) for b in fresh]
-        assert head + tail == full
+            fresh = make(50)
+            fresh.load_state_dict(sd)
+            torch.set_rng_state(rng)  # as Accelerator.load_state does
+            tail = [b.tolist() for _ in range(3 - sd["iteration"]) for b in fresh]
+            assert head + tail == full, (head, tail, full)
 
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(RESULTS, f)

@@ -208,6 +208,10 @@ def _make(kind, seed):
     if kind == "iterable":
         return ours.prepare_data_loader(DataLoader(_Range(13), batch_size=2), num_processes=2, process_index=1,
                                         rng_types=["generator"])
+    if kind.startswith("dispatch"):
+        data = _Range(13) if kind == "dispatch_iterable" else list(range(13))
+        return ours.prepare_data_loader(DataLoader(data, batch_size=2, shuffle=kind == "dispatch_shuffle"),
+                                        device=torch.device("cpu"), put_on_device=True, dispatch_batches=True)
     n, N, r = 13, 1, 0
     kw = {}
     if kind == "shuffle_global":  # sampler without generator: the order comes from the global RNG
@@ -249,7 +253,7 @@ def _jsonable(sd):
 
 
 @pytest.mark.parametrize("kind", ["plain", "shuffle_global", "shuffle_generator", "shuffle_sharded", "seedable",
-                                  "iterable", "workers"])
+                                  "iterable", "workers", "dispatch_shuffle", "dispatch_iterable"])
 def test_state_dict_resume_equals_uninterrupted(kind):
     epochs = 3
     full, _ = _train(_make(kind, 11), epochs)
@@ -285,14 +289,17 @@ def test_resume_via_skip_first_batches_equals_uninterrupted(kind):
     assert head + tail == full
 
 
-def test_state_dict_mid_epoch_from_skip_loader_and_reload():
-    full, _ = _train(_make("shuffle_sharded", 3), 2)
+def test_parent_state_dict_follows_skip_loader_and_pickling():
+    import pickle
+
     dl = _make("shuffle_sharded", 3)
-    head, (sd, rng) = _train(dl, 2, stop_after=2)
-    skipped = ours.skip_first_batches(dl, 0)  # state_dict of the parent follows the active child
+    skipped = ours.skip_first_batches(dl, 2)
     it = iter(skipped)
-    fresh = _make("shuffle_sharded", 3)
-    _ = fresh  # unused: parent/child bookkeeping is what is checked here
-    assert dl.state_dict()["iteration"] == sd["iteration"]
     next(it)
-    assert dl.state_dict()["batches_yielded"] == 1
+    sd = dl.state_dict()  # the parent reports the position of the child being iterated
+    assert sd["mid_epoch"] and sd["batches_yielded"] == 3 and sd["iteration"] == 0
+    rest = [b.tolist() for b in it]
+    assert dl.iteration == 1 and not dl.state_dict()["mid_epoch"]
+    clone = pickle.loads(pickle.dumps(dl))
+    assert clone.iteration == 1 and len([b for b in clone]) == len(dl)
+    assert len(rest) == len(dl) - 3

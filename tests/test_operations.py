@@ -68,8 +68,9 @@ def test_prepare_data_loader_two_processes_matches_hf(dist_results):
         _assert_ok(dist_results, name)
 
 
-def test_distributed_resume(dist_results):
-    _assert_ok(dist_results, "distributed_resume")
+@pytest.mark.parametrize("mode", ["shard", "dispatch", "dispatch_split"])
+def test_distributed_resume(dist_results, mode):
+    _assert_ok(dist_results, f"distributed_resume_{mode}")
 
 
 # ---- single process -------------------------------------------------------------------------------------

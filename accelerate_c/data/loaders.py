@@ -24,19 +24,19 @@ class _SkippableIndexSampler:
     """Mixin overriding DataLoader._index_sampler so a resumed epoch drops its first batches at the index
     level (the data of skipped batches is never loaded)."""
 
-    _skip_pending = 0
+    _skip_pending = (0, 0)
 
     @property
     def _index_sampler(self) -> Any:
         base = self.batch_sampler if self._auto_collation else self.sampler
-        return _ResumeSkip(base, self._skip_pending) if self._skip_pending else base
+        return _ResumeSkip(base, *self._skip_pending) if self._skip_pending[0] else base
 
-    def _new_iterator(self, sampler_skip: int) -> Iterator[Any]:
-        self._skip_pending = sampler_skip
+    def _new_iterator(self, sampler_skip: int, keep: int = 0) -> Iterator[Any]:
+        self._skip_pending = (sampler_skip, keep)
         try:
             return DataLoader.__iter__(self)
         finally:
-            self._skip_pending = 0
+            self._skip_pending = (0, 0)
 
 
 def _set_sampler(dl: Any, sampler: Any) -> None:
@@ -216,10 +216,17 @@ class DataLoaderDispatcher(_SkippableIndexSampler, ResumableMixin, DataLoaderSta
         self._position = offset + sampler_skip
         n, rank = self.state.num_processes, self.state.process_index
         self._stop_iteration = False
-        with self._epoch_start_rng(resume):
-            main_iterator = self._new_iterator(sampler_skip * self._sampler_units())
-            next_batch, next_info = self._fetch_batches(main_iterator)
+        # A resumed epoch re-reads its first batch (not yielded): it pads the epoch's short last batch.
+        keep = self._sampler_units() if sampler_skip and not self._drop_last else 0
         first_batch = None
+        with self._epoch_start_rng(resume):
+            main_iterator = self._new_iterator(sampler_skip * self._sampler_units(), keep)
+            if keep:
+                first, info = self._fetch_batches(main_iterator)
+                first = broadcast(send_to_device(first if rank == 0 else initialize_tensors(info[0]),
+                                                 self.state.device, non_blocking=self._non_blocking), from_process=0)
+                first_batch = self.slice_fn(first, slice(0, n), process_index=rank, num_processes=n)
+            next_batch, next_info = self._fetch_batches(main_iterator)
         stop = False
         index = 0
         while not stop:

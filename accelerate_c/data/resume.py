@@ -86,6 +86,22 @@ class ResumableMixin:
     _parent_ref: Any = None
     _child_ref: Any = None
 
+    # -- pickling: links to other loaders and the process-wide singletons are not part of a loader ----
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for key in ("_parent_ref", "_child_ref", "gradient_state", "state", "_iterator"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        from ..state import GradientState, PartialState
+
+        self.__dict__.update(state)
+        self.__dict__["_iterator"] = None
+        self.__dict__["gradient_state"] = GradientState()
+        if "split_batches" in state:  # DataLoaderDispatcher
+            self.__dict__["state"] = PartialState()
+
     # -- generators -----------------------------------------------------------------------------------
     def _generators(self) -> dict:
         sampler = _deep_sampler(self)

@@ -214,21 +214,23 @@ class SkipBatchSampler(BatchSampler):
 
 
 class _ResumeSkip:
-    """Index-sampler wrapper that drops the first `n` items ONCE (the first iteration actually started),
-    still drawing them from the inner sampler so its RNG advances exactly as in an uninterrupted epoch.
+    """Index-sampler wrapper that drops items keep..n-1 ONCE (the first iteration actually started), still
+    drawing them from the inner sampler so its RNG advances exactly as in an uninterrupted epoch. `keep`
+    lets the dispatcher re-read the epoch's first batch, which pads the epoch's last one.
     Lazy on purpose: torch's DataLoader iterators call iter() on it before drawing their base seed."""
 
-    def __init__(self, inner: Any, n: int) -> None:
+    def __init__(self, inner: Any, n: int, keep: int = 0) -> None:
         self.inner = inner
         self.n = n
+        self.keep = keep
 
     def __len__(self) -> int:
-        return max(0, len(self.inner) - self.n)
+        return max(0, len(self.inner) - self.n + min(self.keep, self.n))
 
     def __iter__(self) -> Iterator[Any]:
-        n, self.n = self.n, 0
+        n, keep, self.n, self.keep = self.n, self.keep, 0, 0
         for i, item in enumerate(self.inner):
-            if i >= n:
+            if i < keep or i >= n:
                 yield item
 
     def __getattr__(self, name: str) -> Any:
