@@ -11,6 +11,7 @@
 # Not for: sharding (samplers.py) or the iteration loops (loaders.py).
 from __future__ import annotations
 
+import warnings
 import weakref
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -198,6 +199,12 @@ class ResumableMixin:
         skip_first_batches). Later epochs continue as in an uninterrupted run."""
         if state_dict.get("format") != FORMAT:
             raise ValueError(f"not an accelerate_c dataloader state (format={state_dict.get('format')!r})")
+        saved_n = state_dict.get("num_processes")
+        now_n = int(getattr(self, "_num_processes_for_state", 1))
+        if saved_n is not None and int(saved_n) != now_n and state_dict.get("mid_epoch"):
+            warnings.warn(f"Resuming a dataloader position saved with {saved_n} processes on {now_n}: the epoch and "
+                          "the number of batches already consumed are restored, but the per-process batch order "
+                          "of this epoch differs from the interrupted run.", UserWarning, stacklevel=2)
         self.iteration = int(state_dict["iteration"])
         info = state_dict.get("sampler")
         sampler = _deep_sampler(self)
