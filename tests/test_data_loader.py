@@ -303,3 +303,17 @@ def test_parent_state_dict_follows_skip_loader_and_pickling():
     clone = pickle.loads(pickle.dumps(dl))
     assert clone.iteration == 1 and len([b for b in clone]) == len(dl)
     assert len(rest) == len(dl) - 3
+
+
+@pytest.mark.parametrize("kind", ["shuffle_global", "shuffle_sharded", "dispatch_shuffle"])
+def test_state_dict_between_epochs(kind):
+    full, _ = _train(_make(kind, 21), 3)
+    dl = _make(kind, 21)
+    head, _ = _train(dl, 1)
+    sd, rng = dl.state_dict(), torch.get_rng_state()
+    assert sd["mid_epoch"] is False and sd["iteration"] == 1
+    fresh = _make(kind, 4)
+    fresh.load_state_dict(sd)
+    torch.set_rng_state(rng)
+    tail, _ = _train(fresh, 2)
+    assert head + tail == full
