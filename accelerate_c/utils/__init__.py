@@ -6,3 +6,29 @@ from .dataclasses import (DataLoaderConfiguration, DistributedType, GradientAccu
 from .kwargs_handlers import (AutocastKwargs, DDPCommunicationHookType, DistributedDataParallelKwargs,
                               FP8RecipeKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
                               TERecipeKwargs)
+
+# operations / random import torch: resolved on first use (PEP 562) so `import accelerate_c.utils` stays light.
+_LAZY = {
+    "operations": ("DistributedOperationException", "TensorInformation", "broadcast", "broadcast_object_list",
+                   "concatenate", "convert_to_fp32", "copy_tensor_to_devices", "find_batch_size", "find_device",
+                   "gather", "gather_object", "get_data_structure", "honor_type", "ignorant_find_batch_size",
+                   "initialize_tensors", "is_namedtuple", "is_tensor_information", "is_torch_tensor", "listify",
+                   "pad_across_processes", "recursively_apply", "reduce", "send_to_device", "slice_tensors"),
+    "random": ("set_seed", "synchronize_rng_state", "synchronize_rng_states"),
+}
+_LAZY_NAMES = {name: mod for mod, names in _LAZY.items() for name in names}
+
+
+def __getattr__(name: str):
+    mod = _LAZY_NAMES.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY_NAMES))
