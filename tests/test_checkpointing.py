@@ -449,6 +449,35 @@ def test_save_model_shards_index_tied_and_stale(tmp_path):
     assert not os.path.exists(tmp_path / "other")
 
 
+class FlatNet(torch.nn.Module):
+    """Parameters are views into one flat buffer (accelerate_c's memory model)."""
+
+    def __init__(self, fill):
+        super().__init__()
+        self.flat = torch.full((20,), float(fill))
+        self.flat.copy_(torch.arange(20.0) * fill)
+        self.a = torch.nn.Parameter(self.flat[:12].view(3, 4))
+        self.b = torch.nn.Parameter(self.flat[12:])
+
+
+def test_flat_buffer_views_are_all_saved(tmp_path):
+    acc = FakeAccelerator()
+    net = FlatNet(1.0)
+    acc._models = [net]
+    acc._optimizers, acc._schedulers = [], []
+    save_model(acc, net, str(tmp_path / "m"), max_shard_size=50)
+    loaded = {}
+    for f in os.listdir(tmp_path / "m"):
+        if f.endswith(".safetensors"):
+            loaded.update(load_file(str(tmp_path / "m" / f)))
+    same(loaded, {"a": net.a.detach().clone(), "b": net.b.detach().clone()})
+    ckpt = save_state(acc, str(tmp_path / "ck"))
+    other = FlatNet(2.0)
+    acc._models = [other]
+    load_state(acc, ckpt)
+    same(dict(other.state_dict()), dict(net.state_dict()))
+
+
 def test_save_main_process_only(tmp_path):
     acc = FakeAccelerator()
     save(acc, OrderedDict(a=torch.ones(2), b=torch.zeros(3)), str(tmp_path / "w.safetensors"), safe_serialization=True)

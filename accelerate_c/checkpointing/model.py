@@ -4,8 +4,8 @@
 # HF-compatible names: `model.safetensors`, or shards `model-00001-of-0000N.safetensors` plus
 # `model.safetensors.index.json` ({"metadata": {"total_size": bytes}, "weight_map": {name: file}}).
 # Shards are filled greedily in state-dict order (a tensor larger than the limit gets a shard of its own);
-# tensors sharing storage (tied weights) are written once, under their first name, and refilled from the
-# module's own aliasing on load (`fill_tied`). Sizes: int bytes or "10GB"/"500MB" (decimal, like
+# tied tensors (same memory, shape and strides) are written once, under their first name, and refilled
+# from the module's own aliasing on load (`fill_tied`); distinct views into one flat buffer are all kept. Sizes: int bytes or "10GB"/"500MB" (decimal, like
 # huggingface_hub) or "1GiB" (binary). Not for: optimizer/RNG state (state.py, format.py).
 from __future__ import annotations
 
@@ -48,30 +48,60 @@ def parse_size(size: Union[int, str]) -> int:
     return value
 
 
-def _storage_key(t: torch.Tensor) -> Optional[tuple]:
+def _alias_key(t: torch.Tensor) -> Optional[tuple]:
+    """Identity of the exact memory a tensor shows: equal keys = the same (tied) tensor. Distinct views into
+    one flat buffer (accelerate_c's memory model) have distinct keys and are all kept."""
     if t.numel() == 0 or t.device.type == "meta":
         return None
-    return (t.device.type, t.device.index, t.untyped_storage().data_ptr())
+    return (t.device.type, t.device.index, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
-def clean_state_dict_for_safetensors(state_dict: dict) -> "OrderedDict[str, torch.Tensor]":
-    """Drops later names of tensors sharing storage (tied weights) and makes every tensor contiguous."""
+def dedupe_tied(state_dict: dict) -> "OrderedDict[str, torch.Tensor]":
+    """Drops later names of tied tensors (same memory, shape and strides); no copies."""
     seen: dict[tuple, str] = {}
     out: OrderedDict[str, torch.Tensor] = OrderedDict()
     dropped = []
     for name, t in state_dict.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"model state dict entry {name!r} is a {type(t).__name__}, not a tensor")
-        key = _storage_key(t)
+        key = _alias_key(t)
         if key is not None and key in seen:
             dropped.append(f"{name} (= {seen[key]})")
             continue
         if key is not None:
             seen[key] = name
-        out[name] = t
+        out[name] = t.detach()
     if dropped:
-        logger.info("Tied/shared tensors stored once: %s", ", ".join(dropped))
-    return OrderedDict((k, v.detach().contiguous()) for k, v in out.items())
+        logger.info("Tied tensors stored once: %s", ", ".join(dropped))
+    return out
+
+
+def materialize(tensors: dict) -> "OrderedDict[str, torch.Tensor]":
+    """CPU, contiguous tensors owning their memory, as safetensors needs. Copies only what must be copied:
+    device tensors (the .cpu() copy), views into a shared or larger (flat) buffer, non-contiguous tensors."""
+    count: dict[int, int] = {}
+    for t in tensors.values():
+        if t.device.type == "cpu" and t.numel():
+            ptr = t.untyped_storage().data_ptr()
+            count[ptr] = count.get(ptr, 0) + 1
+    out: OrderedDict[str, torch.Tensor] = OrderedDict()
+    for name, t in tensors.items():
+        if t.device.type != "cpu":
+            t = t.to("cpu", memory_format=torch.contiguous_format)
+        elif t.numel():
+            st = t.untyped_storage()
+            if (count[st.data_ptr()] > 1 or not t.is_contiguous() or t.storage_offset() != 0
+                    or st.nbytes() != t.numel() * t.element_size()):
+                t = t.clone(memory_format=torch.contiguous_format)
+        else:
+            t = t.contiguous()
+        out[name] = t
+    return out
+
+
+def clean_state_dict_for_safetensors(state_dict: dict) -> "OrderedDict[str, torch.Tensor]":
+    """dedupe_tied + materialize: a state dict safetensors can write."""
+    return materialize(dedupe_tied(state_dict))
 
 
 def split_into_shards(state_dict: dict, max_shard_size: int) -> list[list[str]]:
@@ -96,16 +126,14 @@ def split_into_shards(state_dict: dict, max_shard_size: int) -> list[list[str]]:
 
 def write_model_file(path: PathLike, state_dict: dict) -> int:
     """One safetensors file for a (cleaned or raw) model state dict; returns its size."""
-    clean = clean_state_dict_for_safetensors(state_dict)
-    return write_tensors(path, {k: v.cpu() if v.device.type != "cpu" else v for k, v in clean.items()},
-                         metadata={"format": "pt"})
+    return write_tensors(path, clean_state_dict_for_safetensors(state_dict), metadata={"format": "pt"})
 
 
 def fill_tied(module: torch.nn.Module, state_dict: dict) -> dict:
     """Adds names missing from state_dict that alias (share storage with) a present name in `module`."""
     groups: dict[tuple, list[str]] = {}
     for name, t in module.state_dict(keep_vars=True).items():
-        key = _storage_key(t) if isinstance(t, torch.Tensor) else None
+        key = _alias_key(t) if isinstance(t, torch.Tensor) else None
         if key is not None:
             groups.setdefault(key, []).append(name)
     for names in groups.values():
@@ -150,8 +178,7 @@ def save(accelerator: Any, obj: Any, f: PathLike, safe_serialization: bool = Fal
     if safe_serialization:
         if not isinstance(obj, dict):
             raise TypeError("save(..., safe_serialization=True) needs a dict of tensors")
-        clean = clean_state_dict_for_safetensors(obj)
-        write_tensors(f, {k: v.cpu() for k, v in clean.items()}, metadata={"format": "pt"})
+        write_tensors(f, clean_state_dict_for_safetensors(obj), metadata={"format": "pt"})
     else:
         torch.save(obj, f)
 
@@ -171,7 +198,7 @@ def save_model(accelerator: Any, model: torch.nn.Module, save_directory: PathLik
     if state_dict is None or not _is_writer(accelerator):
         return
     os.makedirs(save_directory, exist_ok=True)
-    clean = clean_state_dict_for_safetensors(state_dict)
+    clean = dedupe_tied(state_dict)
     shards = split_into_shards(clean, limit)
     n = len(shards)
     stem, ext = ("model", "safetensors") if safe_serialization else ("pytorch_model", "bin")
@@ -182,7 +209,7 @@ def save_model(accelerator: Any, model: torch.nn.Module, save_directory: PathLik
     weight_map: dict[str, str] = {}
     total = 0
     for fname, keys in zip(names, shards):
-        shard = OrderedDict((k, clean[k].cpu()) for k in keys)
+        shard = materialize(OrderedDict((k, clean[k]) for k in keys))   # one shard's copies at a time
         total += sum(t.numel() * t.element_size() for t in shard.values())
         weight_map.update({k: fname for k in keys})
         if safe_serialization:

@@ -11,6 +11,9 @@
 # Coordination (only is_main_process, process_index, num_processes, wait_for_everyone() are used):
 #   main creates the temp dir -> barrier -> every rank writes its files -> barrier -> main writes
 #   checkpoint.json and commits (atomic.py) -> barrier.
+# Different world size at load: model/optimizer/scheduler/scaler/custom state is logical and loads fully;
+# rank r restores random_states_r when it exists, else keeps its current RNG (a warning names the rank);
+# stateful dataloaders get rank r's state, or rank 0's when rank r has none (the loader must re-map it).
 # Not for: sharded (ZeRO/FSDP) state, which will add per-rank tensor files behind the same index.
 from __future__ import annotations
 
@@ -141,6 +144,8 @@ def save_state(accelerator: Any, output_dir: Optional[str] = None, safe_serializ
     coord = _is_coordinator(accelerator)
     auto_root = None
     if pc.automatic_checkpoint_naming:
+        if pc.project_dir is None:
+            raise ValueError("automatic_checkpoint_naming needs ProjectConfiguration(project_dir=...)")
         auto_root = os.path.join(os.path.abspath(os.path.expanduser(pc.project_dir)), "checkpoints")
         output_dir = os.path.join(auto_root, f"checkpoint_{pc.iteration}")
         if os.path.exists(output_dir):
@@ -230,7 +235,7 @@ def _resolve_input_dir(accelerator: Any, input_dir: Optional[str]) -> str:
         if found is None:
             raise ValueError(f"Tried to find {input_dir} but folder does not exist")
         return found
-    if pc.automatic_checkpoint_naming:
+    if pc.automatic_checkpoint_naming and pc.project_dir is not None:
         root = os.path.join(os.path.abspath(os.path.expanduser(pc.project_dir)), "checkpoints")
         found = latest_checkpoint(root)
         if found is None:
