@@ -197,6 +197,7 @@ def test_resume_is_bit_identical(tmp_path):
     ref.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=7)
     train(ref, 3)
     ckpt = save_state(ref, str(tmp_path / "ck"))
+    saved_sd = {k: v.clone() for k, v in ref.model.state_dict().items()}
     after_save_rng = (random.random(), float(np.random.rand()), torch.rand(3))
     ref_losses = train(ref, 4)
 
@@ -213,6 +214,10 @@ def test_resume_is_bit_identical(tmp_path):
     same(new.opt.state_dict(), ref.opt.state_dict())
     same(new.sched.state_dict(), ref.sched.state_dict())
     assert new.model.head.weight is new.model.emb.weight  # tie survives loading
+    plain = Net()  # the model file is plain safetensors: safetensors' own loader (HF's path) reads it
+    import safetensors.torch
+    safetensors.torch.load_model(plain, os.path.join(ckpt, "model.safetensors"))
+    same(dict(plain.state_dict()), saved_sd)
 
 
 def test_data_position_saved_but_restored_only_when_stateful(tmp_path):

@@ -164,13 +164,17 @@ def commit(tmp: str, final: str, marker: str, drop_from_old: Iterable[str] = ())
         return
     final = os.path.realpath(final)
     parent = os.path.dirname(final)
-    _carry_over(final, tmp, set(drop_from_old))
+    drop_from_old = set(drop_from_old)
+    _carry_over(final, tmp, drop_from_old)
     fsync_tree(tmp)
     cwd = os.path.realpath(os.getcwd())
     if cwd == final or cwd.startswith(final + os.sep):
         # Swapping the working directory away would strand the process: replace file by file instead.
         logger.warning("Saving into the working directory %s: files are replaced one by one, not atomically", final)
         names = sorted(os.listdir(tmp), key=lambda n: n == marker)  # marker last
+        for name in set(drop_from_old) - set(names):   # files of the previous checkpoint not rewritten
+            if os.path.isfile(os.path.join(final, name)):
+                os.remove(os.path.join(final, name))
         for name in names:
             dst = os.path.join(final, name)
             if os.path.isdir(dst) and not os.path.islink(dst):
