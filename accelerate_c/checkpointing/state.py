@@ -276,6 +276,7 @@ def load_state(accelerator: Any, input_dir: Optional[str] = None, load_kwargs: O
         fname = meta["models"][i]
         sd = load_model_file(os.path.join(input_dir, fname), expected_size=sizes.get(fname))
         target = accelerator.unwrap_model(model)
+        target = getattr(target, "_orig_mod", target)   # torch.compile wrapper: its keys carry a prefix
         target.load_state_dict(fill_tied(target, sd), **load_model_func_kwargs)
 
     def need(kind: str, objs: list, names: list) -> None:
