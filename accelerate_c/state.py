@@ -276,6 +276,9 @@ class AcceleratorState:
     def print(self, *args: Any, **kwargs: Any) -> None:
         PartialState().print(*args, **kwargs)
 
+    def destroy_process_group(self, group: Any = None) -> None:
+        PartialState().destroy_process_group(group)
+
     def __getattr__(self, name: str) -> Any:
         if name in self._known_attrs:
             raise AttributeError(_RESET_TEXT.format(cls="AcceleratorState", name=name))

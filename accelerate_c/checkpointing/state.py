@@ -17,6 +17,7 @@
 # Not for: sharded (ZeRO/FSDP) state, which will add per-rank tensor files behind the same index.
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import random
@@ -289,17 +290,6 @@ def load_state(accelerator: Any, input_dir: Optional[str] = None, load_kwargs: O
     need("scheduler", accelerator._schedulers, meta["schedulers"])
     for sched, name in zip(accelerator._schedulers, meta["schedulers"]):
         sched.load_state_dict(read_state(input_dir, name, kind="scheduler"))
-    if getattr(accelerator, "use_stateful_dataloader", False) and accelerator._dataloaders:
-        dl_file = f"dataloader_states_{rank}"
-        if not os.path.isfile(os.path.join(input_dir, dl_file + ".json")) and saved_world != world:
-            dl_file = "dataloader_states_0"
-        dl_states = read_state(input_dir, dl_file, kind="dataloaders")
-        if len(dl_states) < len(accelerator._dataloaders):
-            raise CheckpointError(f"{input_dir} holds {len(dl_states)} dataloader state(s), "
-                                  f"{len(accelerator._dataloaders)} to load")
-        for dl, st in zip(accelerator._dataloaders, dl_states):
-            if st is not None:
-                dl.load_state_dict(st)
     scaler = getattr(accelerator, "scaler", None)
     if scaler is not None:
         if meta.get("scaler") is None:
@@ -312,6 +302,26 @@ def load_state(accelerator: Any, input_dir: Optional[str] = None, load_kwargs: O
     else:
         logger.warning("Rank %d: %s has no RNG state for this rank (saved with %s processes); keeping the "
                        "current RNG state", rank, input_dir, saved_world)
+    # Loaders after the RNG: a loader borrows its epoch-start RNG snapshot only while it rebuilds its
+    # sampler. Stateful loaders resume at the saved batch; otherwise only the epoch counter and the
+    # epoch's shuffle state come back (the batch position is left alone, as in HF, so a script's own
+    # skip_first_batches replays exactly the saved epoch order without skipping twice).
+    if accelerator._dataloaders:
+        stateful = bool(getattr(accelerator, "use_stateful_dataloader", False))
+        dl_file = f"dataloader_states_{rank}"
+        if not os.path.isfile(os.path.join(input_dir, dl_file + ".json")) and saved_world != world:
+            dl_file = "dataloader_states_0"
+        dl_states = read_state(input_dir, dl_file, kind="dataloaders")
+        if len(dl_states) < len(accelerator._dataloaders):
+            raise CheckpointError(f"{input_dir} holds {len(dl_states)} dataloader state(s), "
+                                  f"{len(accelerator._dataloaders)} to load")
+        for dl, st in zip(accelerator._dataloaders, dl_states):
+            if st is None:
+                continue
+            if stateful:
+                dl.load_state_dict(st)
+            elif "resume_position" in inspect.signature(dl.load_state_dict).parameters:
+                dl.load_state_dict(st, resume_position=False)
     accelerator.step = int(meta["step"])
 
     custom = [f for f in os.listdir(input_dir) if _CUSTOM_RE.match(f)]

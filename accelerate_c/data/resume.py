@@ -189,6 +189,9 @@ class ResumableMixin:
         sampler = _deep_sampler(self)
         sd["sampler"] = ({"initial_seed": int(sampler.initial_seed), "epoch": int(sampler.epoch)}
                          if isinstance(sampler, SeedableRandomSampler) else None)
+        # the names the checkpoint index records as the data position
+        sd["epoch"], sd["batches_consumed"] = int(sd["iteration"]), int(sd["batches_yielded"])
+        sd["samples_consumed"] = int(sd["batches_yielded"]) * int(getattr(self, "total_batch_size", 0) or 0)
         sd["num_processes"] = int(getattr(self, "_num_processes_for_state", 1))
         sd["process_index"] = int(getattr(self, "_process_index_for_state", 0))
         return sd
