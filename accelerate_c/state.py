@@ -205,6 +205,9 @@ class PartialState:
 
     def destroy_process_group(self, group: Any = None) -> None:
         if self.use_distributed and dist.is_initialized():
+            # A barrier first: a rank tearing gloo down while a peer is still finishing its last
+            # collective can abort the peer ("terminate called without an active exception").
+            dist.barrier(group=group)
             dist.destroy_process_group(group)
 
     def __getattr__(self, name: str) -> Any:

@@ -71,6 +71,7 @@ def main() -> None:
     flat = torch.cat([v.reshape(-1).float() for v in state.values()])
     ref = accelerator.gather(flat.unsqueeze(0))
     assert all(torch.equal(ref[0], ref[i]) for i in range(ref.shape[0])), "ranks hold different parameters"
+    accelerator.wait_for_everyone()  # HF destroys its group without a barrier; keep both runs clean
     accelerator.end_training()
 
 
