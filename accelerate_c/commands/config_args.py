@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 from dataclasses import dataclass, field
@@ -221,7 +222,9 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown config key(s) {', '.join(prefix + k for k in unknown)}; allowed keys: "
+        near = [m for k in unknown for m in difflib.get_close_matches(k, fields, n=1)]
+        hint = f" (did you mean {', '.join(prefix + m for m in near)}?)" if near else ""
+        raise ConfigError(f"unknown config key(s) {', '.join(prefix + k for k in unknown)}{hint}; allowed keys: "
                           f"{', '.join(prefix + k for k in fields)}")
     obj = cls.__new__(cls)
     for name, f in fields.items():
