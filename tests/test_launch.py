@@ -237,3 +237,70 @@ def test_bad_settings_exit_before_launch(tmp_path):
     rc, _, se = finish(cli(["launch", "--num_processes", "3", "--num_machines", "2", "--main_process_ip",
                             "127.0.0.1", "x.py"], tmp_path), timeout=60)
     assert rc == 2 and "num_processes" in se and "multiple of num_machines" in se
+
+
+def test_max_restarts_relaunches(tmp_path):
+    script = tmp_path / "flaky.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        if attempt == 0 and dist.get_rank() == 0:
+            sys.exit(3)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        open(os.path.join(sys.argv[1], "ok%d_%d" % (dist.get_rank(), attempt)), "w").write(str(t.item()))
+        dist.destroy_process_group()  # with restarts rank 0 hosts the store: leave cleanly (see launch.py)
+    """))
+    rc, _, se = finish(cli(["launch", "--num_processes", "2", "--cpu", "--max_restarts", "1", "--monitor_interval",
+                            "0.2", str(script), str(tmp_path)], tmp_path))
+    assert rc == 0, se
+    assert (tmp_path / "ok0_1").read_text() == "2.0" and (tmp_path / "ok1_1").read_text() == "2.0"
+
+
+def test_missing_script(tmp_path):
+    rc, _, se = finish(cli(["launch", "--num_processes", "2", "--cpu", "nope.py"], tmp_path), timeout=60)
+    assert rc == 2 and "nope.py" in se
+
+
+# `python -m accelerate_c test`: its self-check script is first validated against the reference (HF
+# Accelerate's Accelerator, swapped in by a sitecustomize shim), including that it catches a run whose
+# gradients are not synchronised; then run as shipped (needs accelerate_c.Accelerator from the core).
+SHIM = ("import accelerate_c\nfrom accelerate import Accelerator\naccelerate_c.Accelerator = Accelerator\n")
+
+
+def _selfcheck(tmp_path, script, shim):
+    env = {}
+    if shim:
+        (tmp_path / "shim").mkdir(exist_ok=True)
+        (tmp_path / "shim" / "sitecustomize.py").write_text(SHIM)
+        env["PYTHONPATH"] = os.pathsep.join([ROOT, str(tmp_path / "shim")])
+    args = ["test"] if script is None else ["launch", "--num_processes", "2", "--cpu", "-q", script]
+    return finish(cli(args, tmp_path, env=env), timeout=120)
+
+
+def test_selfcheck_with_hf_accelerator(tmp_path):
+    from accelerate_c.commands.test import SCRIPT
+
+    rc, out, err = _selfcheck(tmp_path, SCRIPT, shim=True)
+    assert rc == 0 and "self-check passed: 2 processes" in out, err
+    broken = tmp_path / "broken.py"
+    text = open(SCRIPT).read().replace(
+        "        loss = torch.nn.functional.mse_loss(model(xb), yb)\n        accelerator.backward(loss)\n",
+        "        with accelerator.no_sync(model):\n"
+        "            loss = torch.nn.functional.mse_loss(model(xb), yb)\n"
+        "            accelerator.backward(loss)\n")
+    assert "no_sync" in text
+    broken.write_text(text)
+    rc, out, err = _selfcheck(tmp_path, str(broken), shim=True)
+    assert rc != 0 and "self-check FAILED" in out
+
+
+def test_test_command(tmp_path):
+    import accelerate_c
+
+    if not hasattr(accelerate_c, "Accelerator"):
+        pytest.skip("accelerate_c.Accelerator is not in this branch yet (the core provides it)")
+    rc, out, err = _selfcheck(tmp_path, None, shim=False)
+    assert rc == 0 and "Test is a success!" in out, out + err

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -51,7 +53,10 @@ def resolve_config(args: argparse.Namespace) -> ClusterConfig:
         cfg = ClusterConfig()
         if args.num_processes is None and not args.use_cpu:
             cfg = ClusterConfig(num_processes=max(1, _cuda_count()))
-    return apply_flags(cfg, args)
+    cfg = apply_flags(cfg, args)
+    if not cfg.use_cpu and _cuda_count() == 0:
+        cfg = dataclasses.replace(cfg, use_cpu=True)  # no GPU: the ranks are CPU ranks (ACCELERATE_USE_CPU=true)
+    return cfg
 
 
 def _cuda_count() -> int:
@@ -126,19 +131,23 @@ def _entry(args: argparse.Namespace) -> tuple[str, list[str]]:
         if args.module:
             raise ConfigError("--module and --no_python cannot be used together")
         return args.training_script, list(args.training_script_args)
+    if not args.module and not os.path.isfile(args.training_script):
+        raise FileNotFoundError(f"training script {args.training_script!r} not found (use -m for a module)")
     target = ["-m", args.training_script] if args.module else [args.training_script]
     return sys.executable, [BOOTSTRAP, *target, *args.training_script_args]
 
 
 def describe_failure(exc: Any, machine_rank: int, nproc: int) -> str:
-    """One line naming the first failed rank and its error. The root cause is the failure whose error
-    file was written first (sub-second mtime; torch's own choice uses whole-second timestamps)."""
+    """One line naming the first failed rank and its error. SIGTERM is what the agent sends the other
+    ranks once one failed, so those come last; then the earliest error file (sub-second mtime; torch's
+    own choice uses whole-second timestamps), then the failure time, then the lowest rank."""
     def order(item: tuple[int, Any]) -> tuple[int, float, int]:
         rank, f = item
+        stopped_by_agent = int(f.exitcode == -int(signal.SIGTERM))
         path = getattr(f, "error_file", "")
         if path and os.path.isfile(path):
-            return (0, os.stat(path).st_mtime, rank)
-        return (1, float(f.timestamp), rank)
+            return (stopped_by_agent, os.stat(path).st_mtime, rank)
+        return (stopped_by_agent, float(f.timestamp), rank)
 
     def how(f: Any) -> str:
         return f"killed by signal {f.signal_name()}" if f.exitcode < 0 else f"exit code {f.exitcode}"
@@ -175,8 +184,14 @@ def launch_command(args: argparse.Namespace) -> int:
                       logs_specs=DefaultLogsSpecs(log_dir=log_dir), role="accelerate_c",
                       max_restarts=cfg.max_restarts, monitor_interval=cfg.monitor_interval, start_method="spawn",
                       shutdown_timeout=SHUTDOWN_TIMEOUT_S, **rdzv)
+    agent_env = dict(env)
+    if cfg.max_restarts > 0 and rdzv["rdzv_backend"] == "c10d":
+        # A restarted group would otherwise reuse the rendezvous' TCPStore, where the previous attempt's
+        # process-group keys (peer addresses) are still present: fresh store per attempt instead (rank 0
+        # then hosts it, so scripts should call destroy_process_group() before exiting, as torch advises).
+        agent_env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     try:
-        with _patched_environ(env):
+        with _patched_environ(agent_env):
             elastic_launch(lc, entrypoint)(*argv)
         return 0
     except ChildFailedError as exc:
