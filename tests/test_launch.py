@@ -200,6 +200,33 @@ def test_two_machines_on_loopback(tmp_path, env_script):
     assert hosts[0] == hosts[1] and hosts[2] == hosts[3] and hosts[0] != hosts[2]
 
 
+
+@pytest.mark.parametrize("failing_rank", [3, 1])  # on the second machine / on the main (store) machine
+def test_two_machines_failure_stops_both(tmp_path, failing_rank):
+    script = tmp_path / "mmfail.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        dist.barrier()
+        if dist.get_rank() == int(sys.argv[1]):
+            raise ValueError("boom on global rank %d" % dist.get_rank())
+        time.sleep(120)  # the other machine's ranks would wait here without the cross-machine notice
+    """))
+    port = str(_free_port())
+    start = time.monotonic()
+    procs = [cli(["launch", "-q", "--cpu", "--num_processes", "4", "--num_machines", "2", "--machine_rank", str(m),
+                  "--main_process_ip", "127.0.0.1", "--main_process_port", port, str(script), str(failing_rank)],
+                 tmp_path) for m in (0, 1)]
+    results = [finish(p, timeout=90) for p in procs]
+    assert time.monotonic() - start < 60
+    lines = [[ln for ln in err.splitlines() if ln.startswith("accelerate_c launch:")][-1] for _, _, err in results]
+    assert all(rc == 1 for rc, _, _ in results), results
+    for line in lines:
+        assert f"rank {failing_rank} (local rank 1 on machine {failing_rank // 2})" in line
+        assert f"ValueError: boom on global rank {failing_rank}" in line
+    assert "stopped this machine's ranks because machine" in lines[1 - failing_rank // 2]
+
 def test_host_id_flag(tmp_path, env_script):
     out = tmp_path / "out"
     out.mkdir()

@@ -19,6 +19,7 @@ import tempfile
 import uuid
 from typing import Any, Iterator
 
+from .watchdog import FailureWatch
 from .config_args import ClusterConfig, ConfigError, add_config_flags, apply_flags, default_config_file, load_config
 
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap.py")
@@ -190,15 +191,29 @@ def launch_command(args: argparse.Namespace) -> int:
         # process-group keys (peer addresses) are still present: fresh store per attempt instead (rank 0
         # then hosts it, so scripts should call destroy_process_group() before exiting, as torch advises).
         agent_env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    watch = None
+    if cfg.num_machines > 1:
+        host, port = rdzv["rdzv_endpoint"].rsplit(":", 1)
+        watch = FailureWatch(host, int(port), rdzv["run_id"], cfg.machine_rank, cfg.num_machines)
+        watch.start()
     try:
         with _patched_environ(agent_env):
             elastic_launch(lc, entrypoint)(*argv)
         return 0
     except ChildFailedError as exc:
-        print(describe_failure(exc, cfg.machine_rank, nproc), file=sys.stderr, flush=True)
+        line = describe_failure(exc, cfg.machine_rank, nproc)
+        print(line, file=sys.stderr, flush=True)
+        if watch is not None:  # inside this except block the agent's store is still alive
+            watch.post(line.removeprefix("accelerate_c launch: "))
         return 1
     except SignalException as exc:
+        if watch is not None and watch.remote:
+            print(f"accelerate_c launch: stopped this machine's ranks because {watch.remote}", file=sys.stderr,
+                  flush=True)
+            return 1
         print(f"accelerate_c launch: received {exc.sigval.name}; all ranks were stopped", file=sys.stderr, flush=True)
         return 128 + int(exc.sigval)
     finally:
+        if watch is not None:
+            watch.stop()
         shutil.rmtree(log_dir, ignore_errors=True)
