@@ -50,8 +50,12 @@ def finish(proc, timeout=90):
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
+        proc.terminate()  # SIGTERM: the launcher stops its ranks
+        try:
+            out, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # the ranks still get SIGTERM through PR_SET_PDEATHSIG
+            out, err = proc.communicate()
         pytest.fail(f"launch timed out\n{out}\n{err}")
     return proc.returncode, out, err
 
@@ -226,6 +230,40 @@ def test_two_machines_failure_stops_both(tmp_path, failing_rank):
         assert f"rank {failing_rank} (local rank 1 on machine {failing_rank // 2})" in line
         assert f"ValueError: boom on global rank {failing_rank}" in line
     assert "stopped this machine's ranks because machine" in lines[1 - failing_rank // 2]
+
+def test_ranks_die_with_a_killed_launcher(tmp_path):
+    script = tmp_path / "sleep.py"
+    script.write_text("import os, sys, time\n"
+                      "open(os.path.join(sys.argv[1], 'pid' + os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+                      "time.sleep(120)\n")
+    proc = cli(["launch", "--num_processes", "2", "--cpu", str(script), str(tmp_path)], tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"pid{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline and proc.poll() is None, "ranks did not start"
+            time.sleep(0.1)
+    finally:
+        proc.kill()  # SIGKILL: the launcher cannot clean up itself
+        proc.wait()  # not communicate(): surviving ranks would hold the pipes open
+        proc.stdout.close()
+        proc.stderr.close()
+    pids = [int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    survivors = [p for p in pids if _alive(p)]
+    for p in survivors:
+        os.kill(p, signal.SIGKILL)  # leave nothing running even when the check fails
+    assert not survivors
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"  # a zombie waiting for init counts as dead
+    except FileNotFoundError:
+        return False
+
 
 def test_host_id_flag(tmp_path, env_script):
     out = tmp_path / "out"

@@ -24,7 +24,24 @@ def _record(exc: BaseException) -> None:
         pass
 
 
+def _die_with_launcher() -> None:
+    # Linux: get SIGTERM when the launcher dies, even by SIGKILL, so no rank is left orphaned.
+    launcher = os.environ.get("ACCELERATE_C_LAUNCHER_PID")
+    if not sys.platform.startswith("linux") or not launcher:
+        return
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(launcher):  # it died before prctl took effect
+        sys.exit(1)
+
+
 def main() -> None:
+    _die_with_launcher()
     argv = sys.argv[1:]
     if not argv:
         sys.exit("usage: _bootstrap.py (SCRIPT | -m MODULE) [ARGS...]")

@@ -81,6 +81,7 @@ def rank_env(cfg: ClusterConfig, args: argparse.Namespace, nproc: int, run_id: s
     env["ACCELERATE_C_HOST_ID"] = args.host_id or f"{host}-{uuid.uuid4().hex[:12]}-m{cfg.machine_rank}"
     env["ACCELERATE_C_RUN_ID"] = run_id
     env["ACCELERATE_C_NUM_MACHINES"] = str(cfg.num_machines)
+    env["ACCELERATE_C_LAUNCHER_PID"] = str(os.getpid())  # ranks die with the launcher (_bootstrap.py)
     if "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(max(1, _cores() // nproc))
     if cfg.gpu_ids and cfg.gpu_ids != "all" and not cfg.use_cpu:
