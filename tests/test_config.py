@@ -119,6 +119,13 @@ def test_env_vars_and_flag_precedence():
     assert (env["ACCELERATE_FP8_FORMAT"], env["ACCELERATE_FP8_AMAX_HISTORY_LEN"]) == ("E4M3", "8")
     assert env["ACCELERATE_FP8_AMAX_COMPUTE_ALGO"] == "most_recent" and env["ACCELERATE_FP8_MARGIN"] == "0"
     assert "ACCELERATE_FP8_FORMAT" not in ClusterConfig(mixed_precision="bf16").env()
+    assert ClusterConfig(distributed_type="FSDP").env()["ACCELERATE_USE_FSDP"] == "true"
+    assert "ACCELERATE_USE_FSDP" not in env
+    os.environ[ca.CONFIG_ENV] = env[ca.CONFIG_ENV]
+    try:
+        assert ca.config_from_env() == cfg  # a rank sees exactly the launcher's resolved config
+    finally:
+        del os.environ[ca.CONFIG_ENV]
     assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in ClusterConfig().env()
 
     import argparse

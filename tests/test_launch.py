@@ -136,6 +136,8 @@ def test_launch_env_and_allreduce(tmp_path, env_script):
         assert info["OMP_NUM_THREADS"] == str(want_threads) and info["torch_threads"] == want_threads
     assert ranks[0]["ACCELERATE_C_HOST_ID"] == ranks[1]["ACCELERATE_C_HOST_ID"]
     assert ranks[0]["ACCELERATE_C_RUN_ID"] == ranks[1]["ACCELERATE_C_RUN_ID"]
+    resolved = json.loads(ranks[0]["ACCELERATE_C_CONFIG"])
+    assert resolved["gradient_accumulation_steps"] == 4 and resolved["fp8_config"]["amax_history_len"] == 16
 
 
 def test_failing_rank_stops_all(tmp_path):

@@ -20,6 +20,7 @@ import yaml
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA",
                      "MULTI_XPU", "DEEPSPEED", "FSDP", "XLA", "MEGATRON_LM", "MULTI_HPU", "MULTI_NEURON")
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
+CONFIG_ENV = "ACCELERATE_C_CONFIG"  # the launcher's resolved config, as JSON, in every rank
 
 
 class ConfigError(ValueError):
@@ -156,6 +157,13 @@ class ClusterConfig:
             value = getattr(self, f.name)
             if f.metadata["env"] and value is not None:
                 out[f.metadata["env"]] = _env_str(value)
+        # HF's switches for the paradigm chosen by distributed_type (its strategies key off these).
+        for kind, var in (("FSDP", "ACCELERATE_USE_FSDP"), ("DEEPSPEED", "ACCELERATE_USE_DEEPSPEED"),
+                          ("MEGATRON_LM", "ACCELERATE_USE_MEGATRON_LM")):
+            if self.distributed_type == kind:
+                out[var] = "true"
+        # The whole resolved config, so a strategy can read its own block (fsdp_config, ...) in a rank.
+        out[CONFIG_ENV] = json.dumps(self.to_dict(), sort_keys=True)
         if self.mixed_precision == "fp8":
             fp8 = self.fp8()
             for f in dataclasses.fields(fp8):
@@ -266,6 +274,12 @@ def from_dict(data: dict[str, Any]) -> ClusterConfig:
     cfg = _build(ClusterConfig, data)
     validate(cfg)
     return cfg
+
+
+def config_from_env() -> "ClusterConfig | None":
+    """In a rank: the config the launcher resolved (file + flags), or None when not launched by us."""
+    text = os.environ.get(CONFIG_ENV)
+    return from_dict(json.loads(text)) if text else None
 
 
 def config_dir() -> str:
