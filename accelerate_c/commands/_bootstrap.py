@@ -1,0 +1,74 @@
+# Run inside every rank: executes the user's script (or `-m module`) as __main__ and, when it raises,
+# writes torch elastic's error file (TORCHELASTIC_ERROR_FILE) so the launcher can name the exception of
+# the failed rank. Run as a plain file (`python _bootstrap.py ...`), so it imports nothing of
+# accelerate_c or torch itself. Not for: setting up distributed state (the script/Accelerator does).
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+
+
+def _record(exc: BaseException) -> None:
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):  # keep a file the script's own @record wrote
+        return
+    data = {"message": {"message": f"{type(exc).__name__}: {exc}",
+                        "extraInfo": {"py_callstack": traceback.format_exc(),
+                                      "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(data, fh)
+    except OSError:
+        pass
+
+
+def _die_with_launcher() -> None:
+    # Linux: get SIGTERM when the launcher dies, even by SIGKILL, so no rank is left orphaned.
+    launcher = os.environ.get("ACCELERATE_C_LAUNCHER_PID")
+    if not sys.platform.startswith("linux") or not launcher:
+        return
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(launcher):  # it died before prctl took effect
+        sys.exit(1)
+
+
+def main() -> None:
+    _die_with_launcher()
+    argv = sys.argv[1:]
+    if not argv:
+        sys.exit("usage: _bootstrap.py (SCRIPT | -m MODULE) [ARGS...]")
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = os.getcwd()  # what `python -m` puts first
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))  # what `python script.py` puts first
+            runpy.run_path(argv[0], run_name="__main__")
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - recorded, printed like python would, exit code 1
+        _record(exc)
+        tb = exc.__traceback__
+        while tb is not None and _is_ours(tb.tb_frame.f_code.co_filename):
+            tb = tb.tb_next  # hide this file's and runpy's frames: the user's code comes first
+        traceback.print_exception(type(exc), exc, tb)
+        sys.stderr.flush()
+        sys.exit(1)
+
+
+def _is_ours(filename: str) -> bool:
+    return filename == __file__ or filename.endswith("runpy.py") or filename == "<frozen runpy>"
+
+
+if __name__ == "__main__":
+    main()

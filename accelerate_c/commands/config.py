@@ -1,0 +1,130 @@
+# `python -m accelerate_c config [default|update]`: write the config file that `launch` reads.
+# `config` asks questions on stdin (plain lines, so piped answers work; an empty answer keeps the
+# default shown in brackets), `config default` writes detected defaults (+ any config flag given),
+# `config update` re-validates an existing file (ours or HF's) and rewrites it in the current format.
+# The question texts, types and allowed values come from ClusterConfig's field metadata.
+# Not for: the key set or validation rules (config_args.py).
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from typing import Any, Callable
+
+from .config_args import (ClusterConfig, ConfigError, add_config_flags, apply_flags, default_config_file,
+                          load_config, parse_answer, save_config)
+
+# Order of the questions; a predicate decides whether a question applies given the answers so far.
+QUESTIONS: list[tuple[str, Callable[[dict[str, Any]], bool]]] = [
+    ("use_cpu", lambda a: True),
+    ("num_machines", lambda a: True),
+    ("machine_rank", lambda a: a["num_machines"] > 1),
+    ("main_process_ip", lambda a: a["num_machines"] > 1),
+    ("main_process_port", lambda a: a["num_machines"] > 1),
+    ("num_processes", lambda a: True),
+    ("mixed_precision", lambda a: True),
+    ("gradient_accumulation_steps", lambda a: True),
+    ("debug", lambda a: True),
+]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("config", help="create or update the config file `launch` reads")
+    p.add_argument("--config_file", default=None, help=f"where to write (default: {default_config_file()})")
+    p.set_defaults(func=config_command)
+    sub = p.add_subparsers(dest="config_command", metavar="{default,update}")
+    d = sub.add_parser("default", help="write a default config without questions")
+    d.add_argument("--config_file", default=None, help="where to write")
+    add_config_flags(d)
+    d.set_defaults(func=default_command)
+    u = sub.add_parser("update", help="validate an existing config and rewrite it in the current format")
+    u.add_argument("--config_file", default=None, help="the file to update")
+    u.set_defaults(func=update_command)
+    return p
+
+
+def _detect() -> ClusterConfig:
+    """Defaults from the hardware: all visible GPUs, else one CPU process."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus > 1:
+        return ClusterConfig(distributed_type="MULTI_GPU", num_processes=gpus)
+    return ClusterConfig(use_cpu=gpus == 0)
+
+
+def _with_distributed_type(cfg: ClusterConfig) -> ClusterConfig:
+    """Fill in HF's distributed_type from the process count when it was left at NO / MULTI_*."""
+    if cfg.distributed_type not in ("NO", "MULTI_CPU", "MULTI_GPU"):
+        return cfg
+    if cfg.num_processes == 1 and cfg.num_machines == 1:
+        kind = "NO"
+    else:
+        kind = "MULTI_CPU" if cfg.use_cpu else "MULTI_GPU"
+    return dataclasses.replace(cfg, distributed_type=kind)
+
+
+def ask(defaults: ClusterConfig, read: Callable[[], str] = input, out: Any = sys.stdout) -> ClusterConfig:
+    """Ask QUESTIONS in order; an empty answer (or end of input) keeps the default, a bad one is asked again."""
+    fields = {f.name: f for f in dataclasses.fields(ClusterConfig)}
+    answers: dict[str, Any] = {f: getattr(defaults, f) for f in fields}
+    eof = False
+    for name, applies in QUESTIONS:
+        if not applies(answers):
+            continue
+        f = fields[name]
+        default = answers[name]
+        if name == "main_process_ip" and default is None:
+            default = answers[name] = "127.0.0.1"
+        if name == "main_process_port" and default is None:
+            default = answers[name] = 29500
+        choices = f.metadata["choices"]
+        hint = f" ({'/'.join(choices)})" if choices else (" (yes/no)" if f.metadata["kind"] == "bool" else "")
+        shown = ("yes" if default else "no") if isinstance(default, bool) else ("" if default is None else default)
+        for _attempt in range(5):
+            print(f"{f.metadata['question']}{hint} [{shown}]: ", end="", file=out, flush=True)
+            try:
+                text = "" if eof else read()
+            except EOFError:
+                eof, text = True, ""
+            if eof:
+                print(file=out)
+            if not text.strip():
+                break
+            try:
+                answers[name] = parse_answer(f, text)
+                break
+            except ConfigError as exc:
+                print(f"  {exc}", file=out)
+        else:
+            raise ConfigError(f"config key `{name}`: no valid answer given")
+    return _with_distributed_type(dataclasses.replace(defaults, **answers))
+
+
+def config_command(args: argparse.Namespace) -> int:
+    path = args.config_file or default_config_file()
+    defaults = load_config(path) if os.path.isfile(path) else _detect()
+    cfg = ask(defaults)
+    print(f"accelerate_c config saved at {save_config(cfg, path)}")
+    return 0
+
+
+def default_command(args: argparse.Namespace) -> int:
+    path = args.config_file or default_config_file()
+    if os.path.exists(path):
+        print(f"accelerate_c config: {path} already exists; not overwriting it (use `config update`, or "
+              f"remove it first)", file=sys.stderr)
+        return 1
+    cfg = _with_distributed_type(apply_flags(_detect(), args))
+    print(f"accelerate_c config saved at {save_config(cfg, path)}")
+    return 0
+
+
+def update_command(args: argparse.Namespace) -> int:
+    path = args.config_file or default_config_file()
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no config file at {path}; create one with `python -m accelerate_c config`")
+    cfg = load_config(path)
+    print(f"accelerate_c config updated at {save_config(cfg, path)}")
+    return 0

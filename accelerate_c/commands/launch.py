@@ -1,0 +1,220 @@
+# `python -m accelerate_c launch`: run a script on N local processes (CPU or GPU) and optionally over
+# several machines, on torch's elastic agent (LaunchConfig + elastic_launch), never a home-made spawner.
+# Settings come from the config file, then flags (flags win); the ranks receive the ClusterConfig's
+# ACCELERATE_* variables plus ACCELERATE_C_HOST_ID / ACCELERATE_C_RUN_ID and OMP_NUM_THREADS.
+# A failed rank stops every rank and turns into one line naming the rank and its error.
+# Not for: config file handling (config_args.py) or anything that runs inside a rank (_bootstrap.py).
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import uuid
+from typing import Any, Iterator
+
+from .watchdog import FailureWatch
+from .config_args import ClusterConfig, ConfigError, add_config_flags, apply_flags, default_config_file, load_config
+
+BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap.py")
+DEFAULT_MULTI_MACHINE_PORT = 29500  # HF's default when several machines must agree on a port
+SHUTDOWN_TIMEOUT_S = 5  # SIGTERM -> SIGKILL grace for the ranks, so a failure ends the job well within 30 s
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("launch", allow_abbrev=False, help="run a training script on several processes/machines",
+                              description="Launch a script on --num_processes local processes "
+                                          "(CPU or GPU) with torch's elastic agent.")
+    p.add_argument("--config_file", default=None, help="config file (default: the one `config` wrote, if any)")
+    add_config_flags(p)
+    p.add_argument("--host_id", default=None, help="ACCELERATE_C_HOST_ID for these ranks: ranks with the same id "
+                   "share memory (default: unique per launcher invocation and machine rank)")
+    p.add_argument("-m", "--module", action="store_true", help="the target is a module name, as `python -m`")
+    p.add_argument("--no_python", action="store_true", help="run the target as an executable, without python")
+    p.add_argument("-q", "--quiet", action="store_true", help="hide torch elastic's own log lines")
+    p.add_argument("training_script", help="script (or module with -m) to run")
+    p.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments of the script")
+    p.set_defaults(func=launch_command)
+    return p
+
+
+def resolve_config(args: argparse.Namespace) -> ClusterConfig:
+    """Config file (explicit, else the default file when it exists, else built-in defaults) + flags."""
+    if args.config_file:
+        cfg = load_config(args.config_file)
+    elif os.path.isfile(default_config_file()):
+        cfg = load_config(default_config_file())
+    else:
+        cfg = ClusterConfig()
+        if args.num_processes is None and not args.use_cpu:
+            cfg = ClusterConfig(num_processes=max(1, _cuda_count()))
+    cfg = apply_flags(cfg, args)
+    if not cfg.use_cpu and _cuda_count() == 0:
+        cfg = dataclasses.replace(cfg, use_cpu=True)  # no GPU: the ranks are CPU ranks (ACCELERATE_USE_CPU=true)
+    return cfg
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def rank_env(cfg: ClusterConfig, args: argparse.Namespace, nproc: int, run_id: str) -> dict[str, str]:
+    """Variables to add to each rank's environment (torch's elastic agent adds RANK, LOCAL_RANK,
+    WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_*)."""
+    env = cfg.env()
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:40]
+    env["ACCELERATE_C_HOST_ID"] = args.host_id or f"{host}-{uuid.uuid4().hex[:12]}-m{cfg.machine_rank}"
+    env["ACCELERATE_C_RUN_ID"] = run_id
+    env["ACCELERATE_C_NUM_MACHINES"] = str(cfg.num_machines)
+    env["ACCELERATE_C_LAUNCHER_PID"] = str(os.getpid())  # ranks die with the launcher (_bootstrap.py)
+    if "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(max(1, _cores() // nproc))
+    if cfg.gpu_ids and cfg.gpu_ids != "all" and not cfg.use_cpu:
+        env["CUDA_VISIBLE_DEVICES"] = cfg.gpu_ids
+    return env
+
+
+@contextlib.contextmanager
+def _patched_environ(env: dict[str, str]) -> Iterator[None]:
+    # The elastic agent copies os.environ into every rank, so the variables go there for the launch.
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def rendezvous(cfg: ClusterConfig) -> dict[str, Any]:
+    """LaunchConfig rendezvous fields. One machine + port 0/None: c10d store on 127.0.0.1:0 (the OS picks
+    a free port at bind time, so simultaneous launches never collide). A fixed port or several
+    machines: the static rendezvous (TCPStore on the main machine; node rank = machine_rank)."""
+    ip, port = cfg.main_process_ip, cfg.main_process_port
+    if cfg.num_machines == 1 and not port:
+        return dict(rdzv_backend="c10d", rdzv_endpoint=f"{ip or '127.0.0.1'}:0", rdzv_configs={"is_host": True},
+                    run_id=uuid.uuid4().hex, local_addr=ip or "127.0.0.1")
+    if cfg.num_machines == 1:
+        return dict(rdzv_backend="static", rdzv_endpoint=f"{ip or '127.0.0.1'}:{port}", rdzv_configs={"rank": 0},
+                    run_id=uuid.uuid4().hex, local_addr=ip or "127.0.0.1")
+    if not ip:
+        raise ConfigError("config key `main_process_ip`: required when num_machines > 1; allowed: the address "
+                          "of the machine with machine_rank 0")
+    if port == 0:
+        raise ConfigError("config key `main_process_port`: 0 (pick a free port) only works on one machine; "
+                          "allowed: a fixed port 1..65535 shared by all machines")
+    port = port or DEFAULT_MULTI_MACHINE_PORT
+    # Every machine must use the same run id: the static store prefixes its keys with it.
+    conf: dict[str, Any] = {"rank": cfg.machine_rank} if cfg.rdzv_backend == "static" else {}
+    return dict(rdzv_backend=cfg.rdzv_backend, rdzv_endpoint=f"{ip}:{port}", rdzv_configs=conf,
+                run_id=f"accelerate_c-{ip}-{port}", local_addr=None)
+
+
+def _entry(args: argparse.Namespace) -> tuple[str, list[str]]:
+    if args.no_python:
+        if args.module:
+            raise ConfigError("--module and --no_python cannot be used together")
+        return args.training_script, list(args.training_script_args)
+    if not args.module and not os.path.isfile(args.training_script):
+        raise FileNotFoundError(f"training script {args.training_script!r} not found (use -m for a module)")
+    target = ["-m", args.training_script] if args.module else [args.training_script]
+    return sys.executable, [BOOTSTRAP, *target, *args.training_script_args]
+
+
+def describe_failure(exc: Any, machine_rank: int, nproc: int) -> str:
+    """One line naming the first failed rank and its error. SIGTERM is what the agent sends the other
+    ranks once one failed, so those come last; then the earliest error file (sub-second mtime; torch's
+    own choice uses whole-second timestamps), then the failure time, then the lowest rank."""
+    def order(item: tuple[int, Any]) -> tuple[int, float, int]:
+        rank, f = item
+        stopped_by_agent = int(f.exitcode == -int(signal.SIGTERM))
+        path = getattr(f, "error_file", "")
+        if path and os.path.isfile(path):
+            return (stopped_by_agent, os.stat(path).st_mtime, rank)
+        return (stopped_by_agent, float(f.timestamp), rank)
+
+    def how(f: Any) -> str:
+        return f"killed by signal {f.signal_name()}" if f.exitcode < 0 else f"exit code {f.exitcode}"
+
+    rank, f = min(exc.failures.items(), key=order)
+    msg = f.message if isinstance(f.message, str) else f.message.get("message", "")
+    detail = "" if (not msg or msg.startswith("To enable traceback") or msg.startswith("Signal ")) else f": {msg}"
+    others = [f"rank {r} {how(o)}" for r, o in sorted(exc.failures.items()) if r != rank]
+    tail = f" (then: {'; '.join(others)})" if others else ""
+    return (f"accelerate_c launch: rank {rank} (local rank {f.local_rank} on machine {machine_rank}) failed, "
+            f"{how(f)}{detail}; all {nproc} local ranks were stopped{tail}")
+
+
+def launch_command(args: argparse.Namespace) -> int:
+    cfg = resolve_config(args)
+    if cfg.distributed_type == "XLA":
+        raise ConfigError("config key `distributed_type`: XLA is not supported by accelerate_c; allowed: "
+                          "any other distributed type")
+    nproc = cfg.num_processes // cfg.num_machines
+    rdzv = rendezvous(cfg)
+    entrypoint, argv = _entry(args)
+    env = rank_env(cfg, args, nproc, rdzv["run_id"])
+
+    import logging
+
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if args.quiet:
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    log_dir = tempfile.mkdtemp(prefix="accelerate_c_launch_")
+    lc = LaunchConfig(min_nodes=cfg.num_machines, max_nodes=cfg.num_machines, nproc_per_node=nproc,
+                      logs_specs=DefaultLogsSpecs(log_dir=log_dir), role="accelerate_c",
+                      max_restarts=cfg.max_restarts, monitor_interval=cfg.monitor_interval, start_method="spawn",
+                      shutdown_timeout=SHUTDOWN_TIMEOUT_S, **rdzv)
+    agent_env = dict(env)
+    if cfg.max_restarts > 0 and rdzv["rdzv_backend"] == "c10d":
+        # A restarted group would otherwise reuse the rendezvous' TCPStore, where the previous attempt's
+        # process-group keys (peer addresses) are still present: fresh store per attempt instead (rank 0
+        # then hosts it, so scripts should call destroy_process_group() before exiting, as torch advises).
+        agent_env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    watch = None
+    if cfg.num_machines > 1:
+        host, port = rdzv["rdzv_endpoint"].rsplit(":", 1)
+        watch = FailureWatch(host, int(port), rdzv["run_id"], cfg.machine_rank, cfg.num_machines)
+        watch.start()
+    try:
+        with _patched_environ(agent_env):
+            elastic_launch(lc, entrypoint)(*argv)
+        return 0
+    except ChildFailedError as exc:
+        line = describe_failure(exc, cfg.machine_rank, nproc)
+        print(line, file=sys.stderr, flush=True)
+        if watch is not None:  # inside this except block the agent's store is still alive
+            watch.post(line.removeprefix("accelerate_c launch: "))
+        return 1
+    except SignalException as exc:
+        if watch is not None and watch.remote:
+            print(f"accelerate_c launch: stopped this machine's ranks because {watch.remote}", file=sys.stderr,
+                  flush=True)
+            return 1
+        print(f"accelerate_c launch: received {exc.sigval.name}; all ranks were stopped", file=sys.stderr, flush=True)
+        return 128 + int(exc.sigval)
+    finally:
+        if watch is not None:
+            watch.stop()
+        shutil.rmtree(log_dir, ignore_errors=True)

@@ -1,0 +1,373 @@
+# Tests of `python -m accelerate_c launch`: flag parsing and config/flag precedence in-process, then real
+# launches of tiny plain-torch.distributed (gloo) scripts on 2 CPU processes: the ranks' environment,
+# all_reduce across the world, a failing rank, two launches at once, two "machines" on loopback, SIGTERM.
+# The launched scripts use torch.distributed only (not the Accelerator). Every launch has a timeout.
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from accelerate_c.commands import launch
+from accelerate_c.commands.config_args import ClusterConfig, ConfigError, save_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Writes what a rank sees to OUT/rank<RANK>.json after an all_reduce over the whole world.
+ENV_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    info = {k: v for k, v in os.environ.items()
+            if k.startswith("ACCELERATE") or k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                                  "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")}
+    info.update(sum=t.item(), dist_rank=dist.get_rank(), dist_world=dist.get_world_size(), argv=sys.argv[1:],
+                name=__name__, torch_threads=torch.get_num_threads())
+    out = sys.argv[1]
+    with open(os.path.join(out, "rank%d.json" % dist.get_rank()), "w") as fh:
+        json.dump(info, fh)
+    dist.destroy_process_group()
+""")
+
+
+def cli(args, tmp_path, timeout=90, **kw):
+    env = dict(os.environ, PYTHONPATH=ROOT, ACCELERATE_C_CONFIG_DIR=str(tmp_path / "cfgdir"))
+    env.pop("OMP_NUM_THREADS", None)
+    env.update(kw.pop("env", {}))
+    return subprocess.Popen([sys.executable, "-m", "accelerate_c", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path), **kw)
+
+
+def finish(proc, timeout=90):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # SIGTERM: the launcher stops its ranks
+        try:
+            out, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # the ranks still get SIGTERM through PR_SET_PDEATHSIG
+            out, err = proc.communicate()
+        pytest.fail(f"launch timed out\n{out}\n{err}")
+    return proc.returncode, out, err
+
+
+def read_ranks(out_dir, n):
+    return [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(n)]
+
+
+@pytest.fixture
+def env_script(tmp_path):
+    path = tmp_path / "envcheck.py"
+    path.write_text(ENV_SCRIPT)
+    return str(path)
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser()
+    launch.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["launch", *argv])
+
+
+def test_parse_flags_and_script_args():
+    args = parse(["--num_processes", "3", "--cpu", "--fp8_format", "E4M3", "train.py", "--lr", "1", "--cpu"])
+    assert args.num_processes == 3 and args.use_cpu is True and args.fp8__fp8_format == "E4M3"
+    assert args.training_script == "train.py" and args.training_script_args == ["--lr", "1", "--cpu"]
+    assert args.mixed_precision is None  # absent flags stay None so the config file can fill them
+    with pytest.raises(SystemExit):
+        parse(["--mixed_precision", "fp32", "train.py"])
+
+
+def test_config_file_then_flags(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_C_CONFIG_DIR", str(tmp_path))
+    path = save_config(ClusterConfig(num_processes=4, mixed_precision="bf16", gradient_accumulation_steps=8,
+                                     use_cpu=True), str(tmp_path / "c.yaml"))
+    cfg = launch.resolve_config(parse(["--config_file", path, "--mixed_precision", "fp16", "x.py"]))
+    assert (cfg.num_processes, cfg.mixed_precision, cfg.gradient_accumulation_steps) == (4, "fp16", 8)
+    # The default file is used when no --config_file is given.
+    save_config(ClusterConfig(num_processes=3, use_cpu=True), str(tmp_path / "default_config.yaml"))
+    assert launch.resolve_config(parse(["x.py"])).num_processes == 3
+    with pytest.raises(ConfigError, match="multiple of num_machines"):
+        launch.resolve_config(parse(["--num_processes", "3", "--num_machines", "2", "x.py"]))
+
+
+def test_rendezvous_choice():
+    one = launch.rendezvous(ClusterConfig())
+    assert one["rdzv_backend"] == "c10d" and one["rdzv_endpoint"].endswith(":0")
+    assert one["run_id"] != launch.rendezvous(ClusterConfig())["run_id"]
+    fixed = launch.rendezvous(ClusterConfig(main_process_port=1234))
+    assert fixed["rdzv_backend"] == "static" and fixed["rdzv_endpoint"] == "127.0.0.1:1234"
+    multi = [launch.rendezvous(ClusterConfig(num_machines=2, num_processes=4, machine_rank=r,
+                                             main_process_ip="10.0.0.1", main_process_port=2000)) for r in (0, 1)]
+    assert [m["rdzv_configs"]["rank"] for m in multi] == [0, 1] and multi[0]["run_id"] == multi[1]["run_id"]
+    with pytest.raises(ConfigError, match="main_process_ip"):
+        launch.rendezvous(ClusterConfig(num_machines=2, num_processes=2))
+    with pytest.raises(ConfigError, match="main_process_port"):
+        launch.rendezvous(ClusterConfig(num_machines=2, num_processes=2, main_process_ip="a", main_process_port=0))
+
+
+def test_launch_env_and_allreduce(tmp_path, env_script):
+    cfg = save_config(ClusterConfig(mixed_precision="fp8", num_processes=2, use_cpu=True,
+                                    fp8_config={"fp8_format": "E4M3"}), str(tmp_path / "c.yaml"))
+    out = tmp_path / "out"
+    out.mkdir()
+    rc, so, se = finish(cli(["launch", "--config_file", cfg, "--gradient_accumulation_steps", "4",
+                             "--fp8_amax_history_len", "16", env_script, str(out), "--lr", "3"], tmp_path))
+    assert rc == 0, se
+    ranks = read_ranks(out, 2)
+    for r, info in enumerate(ranks):
+        assert (info["RANK"], info["LOCAL_RANK"], info["WORLD_SIZE"], info["LOCAL_WORLD_SIZE"]) == \
+               (str(r), str(r), "2", "2")
+        assert info["dist_rank"] == r and info["dist_world"] == 2 and info["sum"] == 3.0
+        assert info["argv"] == [str(out), "--lr", "3"] and info["name"] == "__main__"
+        assert info["ACCELERATE_MIXED_PRECISION"] == "fp8" and info["ACCELERATE_USE_CPU"] == "true"
+        assert info["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] == "4"
+        assert (info["ACCELERATE_FP8_FORMAT"], info["ACCELERATE_FP8_AMAX_HISTORY_LEN"]) == ("E4M3", "16")
+        assert info["ACCELERATE_FP8_AMAX_COMPUTE_ALGO"] == "most_recent" and info["ACCELERATE_FP8_MARGIN"] == "0"
+        want_threads = max(1, len(os.sched_getaffinity(0)) // 2)
+        assert info["OMP_NUM_THREADS"] == str(want_threads) and info["torch_threads"] == want_threads
+    assert ranks[0]["ACCELERATE_C_HOST_ID"] == ranks[1]["ACCELERATE_C_HOST_ID"]
+    assert ranks[0]["ACCELERATE_C_RUN_ID"] == ranks[1]["ACCELERATE_C_RUN_ID"]
+    resolved = json.loads(ranks[0]["ACCELERATE_C_CONFIG"])
+    assert resolved["gradient_accumulation_steps"] == 4 and resolved["fp8_config"]["amax_history_len"] == 16
+
+
+def test_failing_rank_stops_all(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, time
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        open(os.path.join(sys.argv[1], "pid%d" % dist.get_rank()), "w").write(str(os.getpid()))
+        dist.barrier()
+        if dist.get_rank() == 1:
+            raise ValueError("boom from the second rank")
+        time.sleep(120)  # rank 0 would wait forever if the launcher did not stop it
+    """))
+    start = time.monotonic()
+    rc, so, se = finish(cli(["launch", "--num_processes", "2", "--cpu", str(script), str(tmp_path)], tmp_path),
+                        timeout=60)
+    elapsed = time.monotonic() - start
+    assert rc != 0 and elapsed < 30, (rc, elapsed)
+    line = [ln for ln in se.splitlines() if ln.startswith("accelerate_c launch:")]
+    assert line and "rank 1" in line[-1] and "ValueError: boom from the second rank" in line[-1], se
+    assert "exit code 1" in line[-1]
+    pid0 = int((tmp_path / "pid0").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid0, 0)
+
+
+def test_two_launches_at_once(tmp_path, env_script):
+    (tmp_path / "envmod.py").write_text(ENV_SCRIPT)  # second launch runs it as a module (-m)
+    outs = [tmp_path / "a", tmp_path / "b"]
+    for o in outs:
+        o.mkdir()
+    procs = [cli(["launch", "--num_processes", "2", "--cpu", env_script, str(outs[0])], tmp_path),
+             cli(["launch", "--num_processes", "2", "--cpu", "-m", "envmod", str(outs[1])], tmp_path)]
+    results = [finish(p) for p in procs]
+    assert all(rc == 0 for rc, _, _ in results), results
+    a, b = read_ranks(outs[0], 2), read_ranks(outs[1], 2)
+    assert all(x["sum"] == 3.0 for x in a + b)
+    assert a[0]["MASTER_PORT"] != b[0]["MASTER_PORT"]
+    assert a[0]["ACCELERATE_C_RUN_ID"] != b[0]["ACCELERATE_C_RUN_ID"]
+    assert a[0]["ACCELERATE_C_HOST_ID"] != b[0]["ACCELERATE_C_HOST_ID"]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_machines_on_loopback(tmp_path, env_script):
+    out = tmp_path / "out"
+    out.mkdir()
+    port = str(_free_port())
+    procs = [cli(["launch", "--cpu", "--num_processes", "4", "--num_machines", "2", "--machine_rank", str(m),
+                  "--main_process_ip", "127.0.0.1", "--main_process_port", port, env_script, str(out)], tmp_path)
+             for m in (0, 1)]
+    results = [finish(p) for p in procs]
+    assert all(rc == 0 for rc, _, _ in results), results
+    ranks = read_ranks(out, 4)
+    for r, info in enumerate(ranks):
+        machine, local = divmod(r, 2)
+        assert (info["RANK"], info["LOCAL_RANK"], info["GROUP_RANK"], info["WORLD_SIZE"]) == \
+               (str(r), str(local), str(machine), "4")
+        assert info["sum"] == 10.0 and info["ACCELERATE_C_NUM_MACHINES"] == "2"
+    hosts = [info["ACCELERATE_C_HOST_ID"] for info in ranks]
+    assert hosts[0] == hosts[1] and hosts[2] == hosts[3] and hosts[0] != hosts[2]
+
+
+
+@pytest.mark.parametrize("failing_rank", [3, 1])  # on the second machine / on the main (store) machine
+def test_two_machines_failure_stops_both(tmp_path, failing_rank):
+    script = tmp_path / "mmfail.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        dist.barrier()
+        if dist.get_rank() == int(sys.argv[1]):
+            raise ValueError("boom on global rank %d" % dist.get_rank())
+        time.sleep(120)  # the other machine's ranks would wait here without the cross-machine notice
+    """))
+    port = str(_free_port())
+    start = time.monotonic()
+    procs = [cli(["launch", "-q", "--cpu", "--num_processes", "4", "--num_machines", "2", "--machine_rank", str(m),
+                  "--main_process_ip", "127.0.0.1", "--main_process_port", port, str(script), str(failing_rank)],
+                 tmp_path) for m in (0, 1)]
+    results = [finish(p, timeout=90) for p in procs]
+    assert time.monotonic() - start < 60
+    lines = [[ln for ln in err.splitlines() if ln.startswith("accelerate_c launch:")][-1] for _, _, err in results]
+    assert all(rc == 1 for rc, _, _ in results), results
+    for line in lines:
+        assert f"rank {failing_rank} (local rank 1 on machine {failing_rank // 2})" in line
+        assert f"ValueError: boom on global rank {failing_rank}" in line
+    assert "stopped this machine's ranks because machine" in lines[1 - failing_rank // 2]
+
+def test_ranks_die_with_a_killed_launcher(tmp_path):
+    script = tmp_path / "sleep.py"
+    script.write_text("import os, sys, time\n"
+                      "open(os.path.join(sys.argv[1], 'pid' + os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+                      "time.sleep(120)\n")
+    proc = cli(["launch", "--num_processes", "2", "--cpu", str(script), str(tmp_path)], tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"pid{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline and proc.poll() is None, "ranks did not start"
+            time.sleep(0.1)
+    finally:
+        proc.kill()  # SIGKILL: the launcher cannot clean up itself
+        proc.wait()  # not communicate(): surviving ranks would hold the pipes open
+        proc.stdout.close()
+        proc.stderr.close()
+    pids = [int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    survivors = [p for p in pids if _alive(p)]
+    for p in survivors:
+        os.kill(p, signal.SIGKILL)  # leave nothing running even when the check fails
+    assert not survivors
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"  # a zombie waiting for init counts as dead
+    except FileNotFoundError:
+        return False
+
+
+def test_host_id_flag(tmp_path, env_script):
+    out = tmp_path / "out"
+    out.mkdir()
+    rc, _, se = finish(cli(["launch", "--num_processes", "2", "--cpu", "--host_id", "box7", env_script, str(out)],
+                           tmp_path))
+    assert rc == 0, se
+    assert [i["ACCELERATE_C_HOST_ID"] for i in read_ranks(out, 2)] == ["box7", "box7"]
+
+
+def test_sigterm_stops_ranks(tmp_path):
+    script = tmp_path / "sleep.py"
+    script.write_text("import os, sys, time\n"
+                      "open(os.path.join(sys.argv[1], 'pid' + os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+                      "time.sleep(120)\n")
+    proc = cli(["launch", "--num_processes", "2", "--cpu", str(script), str(tmp_path)], tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"pid{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline and proc.poll() is None, "ranks did not start"
+            time.sleep(0.1)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        rc, _, se = finish(proc, timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc != 0 and "SIGTERM" in se
+    for r in (0, 1):
+        pid = int((tmp_path / f"pid{r}").read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_bad_settings_exit_before_launch(tmp_path):
+    rc, _, se = finish(cli(["launch", "--num_processes", "3", "--num_machines", "2", "--main_process_ip",
+                            "127.0.0.1", "x.py"], tmp_path), timeout=60)
+    assert rc == 2 and "num_processes" in se and "multiple of num_machines" in se
+
+
+def test_max_restarts_relaunches(tmp_path):
+    script = tmp_path / "flaky.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        if attempt == 0 and dist.get_rank() == 0:
+            sys.exit(3)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        open(os.path.join(sys.argv[1], "ok%d_%d" % (dist.get_rank(), attempt)), "w").write(str(t.item()))
+        dist.destroy_process_group()  # with restarts rank 0 hosts the store: leave cleanly (see launch.py)
+    """))
+    rc, _, se = finish(cli(["launch", "--num_processes", "2", "--cpu", "--max_restarts", "1", "--monitor_interval",
+                            "0.2", str(script), str(tmp_path)], tmp_path))
+    assert rc == 0, se
+    assert (tmp_path / "ok0_1").read_text() == "2.0" and (tmp_path / "ok1_1").read_text() == "2.0"
+
+
+def test_missing_script(tmp_path):
+    rc, _, se = finish(cli(["launch", "--num_processes", "2", "--cpu", "nope.py"], tmp_path), timeout=60)
+    assert rc == 2 and "nope.py" in se
+
+
+# `python -m accelerate_c test`: its self-check script is first validated against the reference (HF
+# Accelerate's Accelerator, swapped in by a sitecustomize shim), including that it catches a run whose
+# gradients are not synchronised; then run as shipped (needs accelerate_c.Accelerator from the core).
+SHIM = ("import accelerate_c\nfrom accelerate import Accelerator\naccelerate_c.Accelerator = Accelerator\n")
+
+
+def _selfcheck(tmp_path, script, shim):
+    env = {}
+    if shim:
+        (tmp_path / "shim").mkdir(exist_ok=True)
+        (tmp_path / "shim" / "sitecustomize.py").write_text(SHIM)
+        env["PYTHONPATH"] = os.pathsep.join([ROOT, str(tmp_path / "shim")])
+    args = ["test"] if script is None else ["launch", "--num_processes", "2", "--cpu", "-q", script]
+    return finish(cli(args, tmp_path, env=env), timeout=120)
+
+
+def test_selfcheck_with_hf_accelerator(tmp_path):
+    from accelerate_c.commands.test import SCRIPT
+
+    rc, out, err = _selfcheck(tmp_path, SCRIPT, shim=True)
+    assert rc == 0 and "self-check passed: 2 processes" in out, err
+    broken = tmp_path / "broken.py"
+    text = open(SCRIPT).read().replace(
+        "        loss = torch.nn.functional.mse_loss(model(xb), yb)\n        accelerator.backward(loss)\n",
+        "        with accelerator.no_sync(model):\n"
+        "            loss = torch.nn.functional.mse_loss(model(xb), yb)\n"
+        "            accelerator.backward(loss)\n")
+    assert "no_sync" in text
+    broken.write_text(text)
+    rc, out, err = _selfcheck(tmp_path, str(broken), shim=True)
+    assert rc != 0 and "self-check FAILED" in out
+
+
+def test_test_command(tmp_path):
+    import accelerate_c
+
+    if not hasattr(accelerate_c, "Accelerator"):
+        pytest.skip("accelerate_c.Accelerator is not in this branch yet (the core provides it)")
+    rc, out, err = _selfcheck(tmp_path, None, shim=False)
+    assert rc == 0 and "Test is a success!" in out, out + err
