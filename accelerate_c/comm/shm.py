@@ -28,6 +28,8 @@ _PAGE = 4096
 
 
 def _op_code(op: Any) -> int:
+    if isinstance(op, int) and 0 <= op <= 3:  # already a code (0 sum, 1 avg, 2 max, 3 min)
+        return op
     if isinstance(op, str):
         if op.lower() not in _OPS:
             raise ValueError(f"unknown reduction op {op!r} (sum, avg, max, min)")
@@ -125,7 +127,8 @@ class ShmGroup:
         return out
 
     # ---- async support: one worker thread runs queued ops in FIFO order (the C call drops the GIL) ----
-    def _submit(self, fn: Callable[[], None]) -> Work:
+    def submit(self, fn: Callable[[], None]) -> Work:
+        """Runs fn() on the group's worker thread after every op queued before it; returns its Work."""
         w = Work()
         with self._lock:
             if self._queue is None:
@@ -168,11 +171,22 @@ class ShmGroup:
         self._sync_call(lambda: _C.shm_all_reduce(self._h, tensor, code))
         return tensor
 
+    # raw ops: no ordering with the async queue (for callers already on the worker thread, e.g.
+    # HierarchicalGroup's async path); everything else should use the public methods.
+    def raw_all_reduce(self, tensor: torch.Tensor, op: Any = "sum") -> None:
+        _C.shm_all_reduce(self._h, tensor, _op_code(op))
+
+    def raw_broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
+        _C.shm_broadcast(self._h, tensor, src)
+
+    def raw_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        _C.shm_all_gather(self._h, input, output)
+
     def all_reduce_async(self, tensor: torch.Tensor, op: Any = "sum") -> Work:
         """Queues an in-place all-reduce on the group's worker thread; returns a Work to wait() on.
         Keep `tensor` untouched until then; ops run in issue order."""
         code = _op_code(op)
-        return self._submit(lambda: _C.shm_all_reduce(self._h, tensor, code))
+        return self.submit(lambda: _C.shm_all_reduce(self._h, tensor, code))
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor:
         """output = reduction over ranks of input[rank*n:(rank+1)*n] (n = output.numel())."""

@@ -35,7 +35,7 @@ static void desc_str(const shm_desc *d, char *buf, size_t cap) {
 /* Starts call number ncalls: checks the group, publishes this rank's descriptor. */
 static acc_status begin(acc_shm_group *g, uint32_t kind, acc_dtype dtype, uint32_t redop, uint64_t count,
                         uint64_t zoff) {
-    if (g->broken) {
+    if (g->broken || atomic_load(&g->hdr->abort_flag)) {
         acc_set_error("shm %s: the group is unusable after an earlier error (%s)", op_name(kind),
                       atomic_load(&g->hdr->abort_flag) ? g->hdr->abort_msg : "see the first exception");
         return ACC_ERR_STATE;

@@ -108,6 +108,7 @@ acc_status shm_wait_all(acc_shm_group *g, const char *opname) {
     const uint32_t want = g->phase;
     const double t0 = now_s();
     double next_check = t0 + 0.1;
+    if (atomic_load_explicit(&g->hdr->abort_flag, memory_order_relaxed)) return aborted(g, opname);
     for (int q = 0; q < g->nranks; q++) {
         if (q == g->rank) continue;
         shm_slot *s = &g->slots[q];
