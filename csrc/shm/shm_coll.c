@@ -134,19 +134,26 @@ acc_status acc_shm_all_reduce(acc_shm_group *g, void *data, size_t count, acc_dt
         if (hi > lo && (st = acc_reduce_n(dtype, op, (const void *const *)dsts, N, dsts, N, hi - lo))) return st;
         return sync_again(g, OP_ALL_REDUCE);
     }
+    /* staged: peers only need the slices they reduce, so rank r publishes every slice but its own, reduces
+     * slice r from its own (private) tensor + the peers' staging, writes the sum to its tensor and to its
+     * staging slice r, and after the second arrival copies the other reduced slices from the peers. */
     const size_t per_chunk = g->chunk_bytes / esz;
     for (size_t off = 0; off < count; off += per_chunk) {
         size_t m = count - off < per_chunk ? count - off : per_chunk;
         uint32_t k = g->nstage++;
-        char *base = (char *)data + off * esz;
-        memcpy(shm_staging(g, me, k), base, m * esz);
-        if ((st = off == 0 ? first_sync(g, OP_ALL_REDUCE) : sync_again(g, OP_ALL_REDUCE))) return st;
+        char *base = (char *)data + off * esz, *stg = shm_staging(g, me, k);
         size_t lo, hi;
+        for (int q = 0; q < N; q++) {
+            if (q == me) continue;
+            slice(m, esz, N, q, &lo, &hi);
+            memcpy(stg + lo * esz, base + lo * esz, (hi - lo) * esz);
+        }
+        if ((st = off == 0 ? first_sync(g, OP_ALL_REDUCE) : sync_again(g, OP_ALL_REDUCE))) return st;
         slice(m, esz, N, me, &lo, &hi);
-        for (int q = 0; q < N; q++) srcs[q] = shm_staging(g, q, k) + lo * esz;
+        for (int q = 0; q < N; q++) srcs[q] = (q == me ? base : shm_staging(g, q, k)) + lo * esz;
         dsts[0] = base + lo * esz;
-        dsts[1] = shm_staging(g, me, k) + lo * esz;
-        if (hi > lo && (st = acc_reduce_n(dtype, op, srcs, N, dsts, 2, hi - lo))) return st;
+        dsts[1] = stg + lo * esz;
+        if (hi > lo && (st = acc_reduce_n(dtype, op, srcs, N, dsts, N > 1 ? 2 : 1, hi - lo))) return st;
         if ((st = sync_again(g, OP_ALL_REDUCE))) return st;
         for (int q = 0; q < N; q++) {
             if (q == me) continue;

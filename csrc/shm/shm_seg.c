@@ -2,7 +2,8 @@
  * synchronisation primitives (arrive / wait with spin-then-futex, deadlines, peer liveness, abort).
  * Not for: the collectives themselves (shm_coll.c) or the reduction math (shm_reduce.c).
  *
- * Waiting: spin for ACCELERATE_C_SHM_SPIN_US (default 50 us) re-reading the peer's phase word, then
+ * Waiting: spin for ACCELERATE_C_SHM_SPIN_US (default 50 us) re-reading the peer's phase word (pause for
+ * ~2 us, then sched_yield between reads so a peer sharing this core can run), then
  * sleep in a process-shared FUTEX_WAIT on it in slices of <= 50 ms, so a waiting rank gives its core
  * back to the peer's compute (2-core boxes). The waker only pays the FUTEX_WAKE syscall when the
  * peer's sleeper count is non-zero (seq_cst store/load pair on both sides: no lost wake-up).
@@ -12,6 +13,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,11 +115,17 @@ acc_status shm_wait_all(acc_shm_group *g, const char *opname) {
         if (q == g->rank) continue;
         shm_slot *s = &g->slots[q];
         if (reached(atomic_load_explicit(&s->phase, memory_order_acquire), want)) continue;
-        long spin_end = now_ns() + g->spin_ns;
+        /* pause-spin ~2 us, then yield-spin: when the peer shares our core (oversubscribed box) a
+         * pause-spin only burns the time slice the peer needs; sched_yield hands it over at once. */
+        long t_start = now_ns(), spin_end = t_start + g->spin_ns, t;
         int spun = 0;
         while (!reached(atomic_load_explicit(&s->phase, memory_order_acquire), want)) {
-            for (int i = 0; i < 32; i++) cpu_relax();
-            if ((++spun & 7) == 0 && now_ns() > spin_end) break;
+            if ((++spun & 7) == 0) {
+                t = now_ns();
+                if (t > spin_end) break;
+                if (t - t_start > 2000) sched_yield();
+            }
+            for (int i = 0; i < 16; i++) cpu_relax();
         }
         for (;;) {
             if (atomic_load(&g->hdr->abort_flag)) return aborted(g, opname);
