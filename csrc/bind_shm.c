@@ -121,10 +121,58 @@ static PyObject *py_all_reduce(PyObject *m, PyObject *const *args, Py_ssize_t na
         return NULL;
     acc_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = acc_shm_all_reduce(g, t.data, (size_t)t.numel, t.dtype, op);
+    st = acc_shm_async_drain(g);
+    if (st == ACC_OK) st = acc_shm_all_reduce(g, t.data, (size_t)t.numel, t.dtype, op);
     Py_END_ALLOW_THREADS
     if (st) return acc_raise_status(st, "shm_all_reduce");
     Py_RETURN_NONE;
+}
+
+/* shm_all_reduce_start(handle, tensor, op) -> ticket: queue an in-place all-reduce on the group's worker
+ * thread. The caller keeps `tensor` alive and untouched until shm_wait(handle, ticket) returned. */
+static PyObject *py_all_reduce_start(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (!nargs_ok(nargs, 3, "shm_all_reduce_start")) return NULL;
+    acc_shm_group *g = get_group(args[0], "shm_all_reduce_start");
+    acc_tensor t;
+    acc_redop op;
+    if (!g || acc_tensor_borrow_cpu(m, args[1], &t, "shm_all_reduce_start", -1) < 0 || parse_op(args[2], &op) < 0)
+        return NULL;
+    uint64_t ticket = 0;
+    acc_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = acc_shm_async_submit(g, t.data, (size_t)t.numel, t.dtype, op, &ticket);
+    Py_END_ALLOW_THREADS
+    if (st) return acc_raise_status(st, "shm_all_reduce_start");
+    return PyLong_FromUnsignedLongLong(ticket);
+}
+
+static int parse_ticket(PyObject *o, uint64_t *t) {
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    *t = v;
+    return 0;
+}
+
+/* shm_wait(handle, ticket): block (without the GIL) until the ticket finished; raise its error. */
+static PyObject *py_wait(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (!nargs_ok(nargs, 2, "shm_wait")) return NULL;
+    acc_shm_group *g = get_group(args[0], "shm_wait");
+    uint64_t ticket;
+    if (!g || parse_ticket(args[1], &ticket) < 0) return NULL;
+    acc_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = acc_shm_async_wait(g, ticket);
+    Py_END_ALLOW_THREADS
+    if (st) return acc_raise_status(st, "shm_all_reduce_async");
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_done(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (!nargs_ok(nargs, 2, "shm_done")) return NULL;
+    acc_shm_group *g = get_group(args[0], "shm_done");
+    uint64_t ticket;
+    if (!g || parse_ticket(args[1], &ticket) < 0) return NULL;
+    return PyBool_FromLong(acc_shm_async_done(g, ticket));
 }
 
 /* shm_reduce_scatter(handle, input, output, op): input has nranks * output.numel() elements */
@@ -142,7 +190,8 @@ static PyObject *py_reduce_scatter(PyObject *m, PyObject *const *args, Py_ssize_
                             (long long)in.numel, acc_shm_group_size(g), (long long)out.numel);
     acc_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = acc_shm_reduce_scatter(g, in.data, out.data, (size_t)out.numel, in.dtype, op);
+    st = acc_shm_async_drain(g);
+    if (st == ACC_OK) st = acc_shm_reduce_scatter(g, in.data, out.data, (size_t)out.numel, in.dtype, op);
     Py_END_ALLOW_THREADS
     if (st) return acc_raise_status(st, "shm_reduce_scatter");
     Py_RETURN_NONE;
@@ -162,7 +211,8 @@ static PyObject *py_all_gather(PyObject *m, PyObject *const *args, Py_ssize_t na
                             acc_shm_group_size(g), nb);
     acc_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = acc_shm_all_gather(g, in.data, out.data, nb);
+    st = acc_shm_async_drain(g);
+    if (st == ACC_OK) st = acc_shm_all_gather(g, in.data, out.data, nb);
     Py_END_ALLOW_THREADS
     if (st) return acc_raise_status(st, "shm_all_gather");
     Py_RETURN_NONE;
@@ -178,7 +228,8 @@ static PyObject *py_broadcast(PyObject *m, PyObject *const *args, Py_ssize_t nar
         return NULL;
     acc_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = acc_shm_broadcast(g, t.data, (size_t)t.numel * acc_dtype_size(t.dtype), (int)root);
+    st = acc_shm_async_drain(g);
+    if (st == ACC_OK) st = acc_shm_broadcast(g, t.data, (size_t)t.numel * acc_dtype_size(t.dtype), (int)root);
     Py_END_ALLOW_THREADS
     if (st) return acc_raise_status(st, "shm_broadcast");
     Py_RETURN_NONE;
@@ -190,7 +241,8 @@ static PyObject *py_barrier(PyObject *m, PyObject *const *args, Py_ssize_t nargs
     if (!g) return NULL;
     acc_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = acc_shm_barrier(g);
+    st = acc_shm_async_drain(g);
+    if (st == ACC_OK) st = acc_shm_barrier(g);
     Py_END_ALLOW_THREADS
     if (st) return acc_raise_status(st, "shm_barrier");
     Py_RETURN_NONE;
@@ -255,6 +307,12 @@ PyMethodDef acc_shm_methods[] = {
      "shm_set_timeout($module, handle, seconds, /)\n--\n\nSet the per-wait timeout."},
     {"shm_all_reduce", FC(py_all_reduce),
      "shm_all_reduce($module, handle, tensor, op, /)\n--\n\nIn-place all-reduce (op: 0 sum, 1 avg, 2 max, 3 min)."},
+    {"shm_all_reduce_start", FC(py_all_reduce_start),
+     "shm_all_reduce_start($module, handle, tensor, op, /)\n--\n\n"
+     "Queue an in-place all-reduce on the group's C worker thread; returns a ticket for shm_wait/shm_done."},
+    {"shm_wait", FC(py_wait),
+     "shm_wait($module, handle, ticket, /)\n--\n\nWait (GIL released) until the ticket finished; raises its error."},
+    {"shm_done", FC(py_done), "shm_done($module, handle, ticket, /)\n--\n\nTrue once the ticket finished."},
     {"shm_reduce_scatter", FC(py_reduce_scatter),
      "shm_reduce_scatter($module, handle, input, output, op, /)\n--\n\n"
      "output = reduction of every rank's input[rank*n:(rank+1)*n], n = output.numel()."},

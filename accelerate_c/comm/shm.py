@@ -69,6 +69,26 @@ class Work:
         return True
 
 
+class ShmWork:
+    """Handle of a queued all_reduce_async on the group's C worker thread (holds the tensor alive)."""
+
+    __slots__ = ("_h", "_ticket", "_tensor", "_done")
+
+    def __init__(self, h: Any, ticket: int, tensor: torch.Tensor) -> None:
+        self._h, self._ticket, self._tensor, self._done = h, ticket, tensor, False
+
+    def is_completed(self) -> bool:
+        return self._done or bool(_C.shm_done(self._h, self._ticket))
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Blocks (GIL released) until done; raises the collective's error. `timeout` is accepted for
+        interface parity; the group's own timeout bounds the wait."""
+        if not self._done:
+            _C.shm_wait(self._h, self._ticket)
+            self._done, self._tensor = True, None
+        return True
+
+
 class ShmGroup:
     """Collectives among the ranks of `pg` (all on this host) through one shared-memory segment."""
 
@@ -182,11 +202,14 @@ class ShmGroup:
     def raw_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
         _C.shm_all_gather(self._h, input, output)
 
-    def all_reduce_async(self, tensor: torch.Tensor, op: Any = "sum") -> Work:
-        """Queues an in-place all-reduce on the group's worker thread; returns a Work to wait() on.
-        Keep `tensor` untouched until then; ops run in issue order."""
+    def all_reduce_async(self, tensor: torch.Tensor, op: Any = "sum") -> ShmWork:
+        """Queues an in-place all-reduce on the group's C worker thread (no GIL, issue order) and returns at
+        once; wait() on the result before touching `tensor`. Synchronous collectives on this group wait for
+        the queue first. Submit from one thread only."""
         code = _op_code(op)
-        return self.submit(lambda: _C.shm_all_reduce(self._h, tensor, code))
+        if self._pending:
+            self.synchronize()
+        return ShmWork(self._h, _C.shm_all_reduce_start(self._h, tensor, code), tensor)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor:
         """output = reduction over ranks of input[rank*n:(rank+1)*n] (n = output.numel())."""

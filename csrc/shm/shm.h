@@ -60,6 +60,20 @@ acc_status acc_shm_all_gather(acc_shm_group *g, const void *in, void *out, size_
 acc_status acc_shm_broadcast(acc_shm_group *g, void *data, size_t nbytes, int root);
 acc_status acc_shm_barrier(acc_shm_group *g);
 
+/* Async all-reduce (for overlapping gradient communication with backward): a worker thread per group runs
+ * queued in-place all-reduces in issue order without the GIL. submit returns a ticket (> 0); wait blocks
+ * until that ticket finished and returns its status (after a failure, that of the first failure); done
+ * tests without blocking; drain waits for everything queued. The caller keeps each buffer alive and
+ * untouched until its ticket finished, and must drain before issuing a synchronous collective on the
+ * same group from another thread (the bindings do this). Only one thread may submit. */
+acc_status acc_shm_async_submit(acc_shm_group *g, void *data, size_t count, acc_dtype dtype, acc_redop op,
+                                uint64_t *ticket);
+acc_status acc_shm_async_wait(acc_shm_group *g, uint64_t ticket);
+int acc_shm_async_done(acc_shm_group *g, uint64_t ticket);
+acc_status acc_shm_async_drain(acc_shm_group *g);
+/* Stops the worker thread (after draining); called by acc_shm_group_close. */
+void acc_shm_async_stop(acc_shm_group *g);
+
 /* Reduction kernel (shm_reduce.c): for i in [0, count): v = op(srcs[0][i], ..., srcs[nsrc-1][i])
  * (fixed source order, so every rank gets the same bits), computed in fp32 for bf16/fp16 and rounded
  * back to nearest-even; AVG divides by nsrc (floating types only). The result is stored to every

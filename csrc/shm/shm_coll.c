@@ -63,7 +63,7 @@ static acc_status first_sync(acc_shm_group *g, uint32_t kind) {
         if (d->call == mine->call && d->kind == mine->kind && d->dtype == mine->dtype && d->redop == mine->redop &&
             d->count == mine->count && d->zoff == mine->zoff)
             continue;
-        char a[160], c[160], msg[400];
+        char a[160], c[160], msg[1024];
         desc_str(mine, a, sizeof a);
         desc_str(d, c, sizeof c);
         snprintf(msg, sizeof msg, "shm %s: mismatched collective: rank %d called %s (call %u) but rank %d called %s (call %u)",

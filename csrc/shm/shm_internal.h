@@ -9,6 +9,7 @@
 #ifndef ACC_SHM_INTERNAL_H
 #define ACC_SHM_INTERNAL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include "shm.h"
@@ -53,6 +54,28 @@ typedef struct {
     size_t part_bytes;
 } shm_region;
 
+#define SHM_ASYNC_SLOTS 1024
+
+typedef struct {
+    void *data;
+    size_t count;
+    acc_dtype dtype;
+    acc_redop op;
+} shm_async_req;
+
+/* The async all-reduce queue (shm_async.c): one worker thread per group runs requests in FIFO order.
+ * Tickets are 1-based sequence numbers; done counts finished requests. */
+typedef struct {
+    int started, stop;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_req, cv_done;
+    shm_async_req ring[SHM_ASYNC_SLOTS];
+    uint64_t submitted, done;
+    acc_status err; /* first failure; every later request fails with it too */
+    char errmsg[512];
+} shm_async;
+
 struct acc_shm_group {
     char name[208];
     int rank, nranks, created, all_attached;
@@ -69,6 +92,7 @@ struct acc_shm_group {
     int broken;
     shm_region regions[SHM_MAX_REGIONS];
     int nregions;
+    shm_async async;
 };
 
 static inline char *shm_small(acc_shm_group *g, int r, uint32_t call) {

@@ -299,6 +299,7 @@ acc_status acc_shm_group_wait_attached(acc_shm_group *g) {
 
 void acc_shm_group_close(acc_shm_group *g) {
     if (!g) return;
+    acc_shm_async_stop(g);
     if (g->created && atomic_load(&g->hdr->attached) < (uint32_t)g->nranks) shm_unlink(g->name);
     munmap(g->map, g->map_bytes);
     free(g);
