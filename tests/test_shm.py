@@ -197,6 +197,12 @@ def _w_collectives(rank, ws):
     for w in works:
         assert w.wait(timeout=20)
     assert torch.allclose(buf, _ref_all_reduce(base, "sum", ws), rtol=1e-6, atol=1e-6)
+    # non-contiguous tensors go through a contiguous copy
+    m = torch.randn(6, 5, generator=gen)
+    ref = _ref_all_reduce(m.t().contiguous(), "sum", ws)
+    mt = m.t()
+    g.all_reduce(mt)
+    assert torch.allclose(mt, ref) and torch.allclose(m, ref.t())
     g.barrier()
     g.close()
     return checked

@@ -188,6 +188,10 @@ class ShmGroup:
     def all_reduce(self, tensor: torch.Tensor, op: Any = "sum") -> torch.Tensor:
         """In-place all-reduce of a contiguous CPU tensor (zero-copy when it lives in alloc() memory)."""
         code = _op_code(op)
+        if not tensor.is_contiguous():  # rare: reduce a contiguous copy
+            tmp = tensor.contiguous()
+            self._sync_call(lambda: _C.shm_all_reduce(self._h, tmp, code))
+            return tensor.copy_(tmp)
         self._sync_call(lambda: _C.shm_all_reduce(self._h, tensor, code))
         return tensor
 
@@ -224,6 +228,10 @@ class ShmGroup:
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """In-place broadcast from group rank `src`."""
+        if not tensor.is_contiguous():
+            tmp = tensor.contiguous()
+            self._sync_call(lambda: _C.shm_broadcast(self._h, tmp, src))
+            return tensor.copy_(tmp)
         self._sync_call(lambda: _C.shm_broadcast(self._h, tensor, src))
         return tensor
 
