@@ -79,6 +79,7 @@ typedef struct {
 struct acc_shm_group {
     char name[208];
     int rank, nranks, created, all_attached;
+    int owner_pid; /* process that opened it: a fork()ed child must not join the parent's worker thread */
     char *map;
     size_t map_bytes;
     shm_hdr *hdr;

@@ -196,6 +196,7 @@ acc_status acc_shm_group_open(const char *name, int create, int rank, int nranks
     snprintf(g->name, sizeof g->name, "%s", name);
     g->rank = rank;
     g->nranks = nranks;
+    g->owner_pid = (int)getpid();
     g->timeout_s = timeout_s > 0 ? timeout_s : 1800.0;
     const char *spin = getenv("ACCELERATE_C_SHM_SPIN_US");
     g->spin_ns = (spin ? atol(spin) : 50) * 1000L;
@@ -299,6 +300,11 @@ acc_status acc_shm_group_wait_attached(acc_shm_group *g) {
 
 void acc_shm_group_close(acc_shm_group *g) {
     if (!g) return;
+    if (g->owner_pid != (int)getpid()) { /* inherited through fork(): only drop the mapping */
+        munmap(g->map, g->map_bytes);
+        free(g);
+        return;
+    }
     acc_shm_async_stop(g);
     if (g->created && atomic_load(&g->hdr->attached) < (uint32_t)g->nranks) shm_unlink(g->name);
     munmap(g->map, g->map_bytes);
