@@ -250,6 +250,11 @@ def _w_hier(rank, ws):
     assert torch.allclose(out, _ref_all_reduce(y, "sum", ws)[rank * 8:(rank + 1) * 8])
     w = g.all_reduce_async(x)
     w.wait(timeout=20)
+    b = g.alloc(50000)  # in-segment buffer through the hierarchical path
+    src = torch.randn(50000, generator=gen)
+    b.copy_(src)
+    g.all_reduce(b)
+    assert torch.allclose(b, _ref_all_reduce(src, "sum", ws), rtol=1e-5, atol=1e-4)
     g.barrier()
     from accelerate_c.comm import release_groups
     release_groups()
@@ -292,7 +297,16 @@ def test_killed_peer_raises_and_leaves_nothing():
 
 
 def _w_mismatch(rank, ws):
-    from accelerate_c.comm import ShmGroup
+    from accelerate_c.comm import ShmGroup, TorchGroup, get_group, release_groups
+    grp = get_group(timeout=10)  # one host: pure shm
+    assert isinstance(grp.inner, ShmGroup), type(grp)
+    assert torch.equal(grp.all_reduce(torch.ones(3)), torch.full((3,), 2.0))
+    release_groups()
+    os.environ["ACCELERATE_C_COMM"] = "torch"
+    grp = get_group()
+    assert isinstance(grp, TorchGroup) and torch.equal(grp.all_reduce(torch.ones(3), "avg"), torch.ones(3))
+    release_groups()
+    del os.environ["ACCELERATE_C_COMM"]
     out = {}
     g = ShmGroup(timeout=10)
     try:
