@@ -54,7 +54,7 @@ static acc_status begin(acc_shm_group *g, uint32_t kind, acc_dtype dtype, uint32
 /* First arrival of a call: arrive, wait, then compare every peer's descriptor with ours. */
 static acc_status first_sync(acc_shm_group *g, uint32_t kind) {
     shm_arrive(g);
-    acc_status st = shm_wait_all(g, op_name(kind));
+    acc_status st = shm_wait_all(g, op_name(kind), g->spin_ns);
     if (st) return st;
     uint32_t b = (g->ncalls - 1) & 1u;
     const shm_desc *mine = &g->slots[g->rank].desc[b];
@@ -77,7 +77,7 @@ static acc_status first_sync(acc_shm_group *g, uint32_t kind) {
 
 static acc_status sync_again(acc_shm_group *g, uint32_t kind) {
     shm_arrive(g);
-    return shm_wait_all(g, op_name(kind));
+    return shm_wait_all(g, op_name(kind), g->inner_spin_ns);
 }
 
 /* Offset of [p, p+n) inside this rank's part of a registered region, or UINT64_MAX. Sets *part0. */

@@ -86,7 +86,8 @@ struct acc_shm_group {
     shm_slot *slots;
     size_t small_bytes, chunk_bytes;
     double timeout_s;
-    long spin_ns;
+    long spin_ns;       /* spin budget at the first arrival of a call (the peer may still be computing) */
+    long inner_spin_ns; /* spin budget between the phases of one call (the peer is mid-collective) */
     uint32_t phase;   /* this rank's arrivals (mirror of slots[rank].phase) */
     uint32_t ncalls;  /* collectives issued */
     uint32_t nstage;  /* staged chunks issued (picks staging[nstage & 1]) */
@@ -105,9 +106,10 @@ static inline char *shm_staging(acc_shm_group *g, int r, uint32_t k) {
 
 /* Increments this rank's phase (release) and wakes sleeping peers. */
 void shm_arrive(acc_shm_group *g);
-/* Waits until every peer's phase reached this rank's phase. On timeout / dead peer / abort sets the
- * error text (naming `opname` and the missing ranks), poisons the group and returns the status. */
-acc_status shm_wait_all(acc_shm_group *g, const char *opname);
+/* Waits until every peer's phase reached this rank's phase, spinning (then yield-spinning) for up to
+ * spin_ns before sleeping on the futex. On timeout / dead peer / abort sets the error text (naming
+ * `opname` and the missing ranks), poisons the group and returns the status. */
+acc_status shm_wait_all(acc_shm_group *g, const char *opname, long spin_ns);
 /* Marks the group unusable for every rank, with a message peers will report. */
 void shm_abort(acc_shm_group *g, const char *msg);
 

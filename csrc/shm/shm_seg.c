@@ -2,7 +2,8 @@
  * synchronisation primitives (arrive / wait with spin-then-futex, deadlines, peer liveness, abort).
  * Not for: the collectives themselves (shm_coll.c) or the reduction math (shm_reduce.c).
  *
- * Waiting: spin for ACCELERATE_C_SHM_SPIN_US (default 50 us) re-reading the peer's phase word (pause for
+ * Waiting: spin for ACCELERATE_C_SHM_SPIN_US (default 50 us; between the phases of one collective, when
+ * the peer is known to be mid-call, ACCELERATE_C_SHM_INNER_SPIN_US, default 1000 us) re-reading the peer's phase word (pause for
  * ~2 us, then sched_yield between reads so a peer sharing this core can run), then
  * sleep in a process-shared FUTEX_WAIT on it in slices of <= 50 ms, so a waiting rank gives its core
  * back to the peer's compute (2-core boxes). The waker only pays the FUTEX_WAKE syscall when the
@@ -106,7 +107,7 @@ static void missing_list(acc_shm_group *g, uint32_t want, char *buf, size_t cap,
     }
 }
 
-acc_status shm_wait_all(acc_shm_group *g, const char *opname) {
+acc_status shm_wait_all(acc_shm_group *g, const char *opname, long spin_ns) {
     const uint32_t want = g->phase;
     const double t0 = now_s();
     double next_check = t0 + 0.1;
@@ -117,7 +118,7 @@ acc_status shm_wait_all(acc_shm_group *g, const char *opname) {
         if (reached(atomic_load_explicit(&s->phase, memory_order_acquire), want)) continue;
         /* pause-spin ~2 us, then yield-spin: when the peer shares our core (oversubscribed box) a
          * pause-spin only burns the time slice the peer needs; sched_yield hands it over at once. */
-        long t_start = now_ns(), spin_end = t_start + g->spin_ns, t;
+        long t_start = now_ns(), spin_end = t_start + spin_ns, t;
         int spun = 0;
         while (!reached(atomic_load_explicit(&s->phase, memory_order_acquire), want)) {
             if ((++spun & 7) == 0) {
@@ -200,6 +201,8 @@ acc_status acc_shm_group_open(const char *name, int create, int rank, int nranks
     g->timeout_s = timeout_s > 0 ? timeout_s : 1800.0;
     const char *spin = getenv("ACCELERATE_C_SHM_SPIN_US");
     g->spin_ns = (spin ? atol(spin) : 50) * 1000L;
+    spin = getenv("ACCELERATE_C_SHM_INNER_SPIN_US");
+    g->inner_spin_ns = (spin ? atol(spin) : 1000) * 1000L;
     int fd;
     size_t data_off = 4096 + round_up(sizeof(shm_slot) * (size_t)nranks, 4096);
     size_t stride = 2 * small_bytes + 2 * chunk_bytes;
