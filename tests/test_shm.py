@@ -197,6 +197,15 @@ def _w_collectives(rank, ws):
     for w in works:
         assert w.wait(timeout=20)
     assert torch.allclose(buf, _ref_all_reduce(base, "sum", ws), rtol=1e-6, atol=1e-6)
+    # a synchronous op right after queued async ones runs after them (same order on every rank)
+    buf.copy_(base)
+    other = torch.full((10,), float(rank))
+    w1 = g.all_reduce_async(buf[:20000])
+    g.all_reduce(other, "max")
+    w2 = g.all_reduce_async(buf[20000:])
+    assert w1.is_completed() and w2.wait()
+    assert torch.equal(other, torch.full((10,), float(ws - 1)))
+    assert torch.allclose(buf, _ref_all_reduce(base, "sum", ws), rtol=1e-6, atol=1e-6)
     # non-contiguous tensors go through a contiguous copy
     m = torch.randn(6, 5, generator=gen)
     ref = _ref_all_reduce(m.t().contiguous(), "sum", ws)
