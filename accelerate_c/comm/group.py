@@ -1,0 +1,169 @@
+# group.py: get_group(pg) -> the collective group the strategies use, picking the transport from where the
+# ranks of `pg` live: all on one host -> ShmGroup (shared memory); one rank per host -> TorchGroup (plain
+# torch.distributed); several hosts with several ranks each -> HierarchicalGroup (shm inside a host, the
+# process group between one leader per host).
+# Not for: the transports themselves (shm.py, hierarchical.py).
+#
+# Common interface (CollectiveGroup): all_reduce(tensor, op="sum") in place; all_reduce_async(tensor, op)
+# -> Work; reduce_scatter(output, input, op); all_gather(output, input) (flat, rank order); broadcast(tensor,
+# src) with src a rank *of the group*; barrier(); alloc(numel, dtype) (shared memory when the transport has
+# it); close(). `op` is "sum" | "avg" | "max" | "min" (or a dist.ReduceOp). Non-CPU tensors always go to
+# torch.distributed on `pg` (NCCL/gloo). ACCELERATE_C_COMM=torch forces the plain torch path.
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Optional, Protocol
+
+import torch
+import torch.distributed as dist
+
+from accelerate_c.comm.shm import ShmGroup, Work, _op_code
+
+_TORCH_OPS = [dist.ReduceOp.SUM, dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN]  # avg = sum / n
+_CACHE: dict = {}
+
+
+def host_id() -> str:
+    """This process's host identity: ACCELERATE_C_HOST_ID if set (one per launcher), else the hostname."""
+    return os.environ.get("ACCELERATE_C_HOST_ID") or socket.gethostname()
+
+
+class CollectiveGroup(Protocol):
+    rank: int
+    size: int
+
+    def all_reduce(self, tensor: torch.Tensor, op: Any = "sum") -> torch.Tensor: ...
+    def all_reduce_async(self, tensor: torch.Tensor, op: Any = "sum") -> Any: ...
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor: ...
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor: ...
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor: ...
+    def barrier(self) -> None: ...
+    def alloc(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor: ...
+    def close(self) -> None: ...
+
+
+class TorchGroup:
+    """Plain torch.distributed on `pg` behind the CollectiveGroup interface (also the non-CPU fallback)."""
+
+    def __init__(self, pg: Optional[dist.ProcessGroup] = None) -> None:
+        self.pg = pg
+        self.rank = dist.get_rank(pg)
+        self.size = dist.get_world_size(pg)
+
+    def _global(self, r: int) -> int:
+        return dist.get_global_rank(self.pg, r) if self.pg is not None else r
+
+    def all_reduce(self, tensor: torch.Tensor, op: Any = "sum") -> torch.Tensor:
+        code = _op_code(op)
+        dist.all_reduce(tensor, op=_TORCH_OPS[code], group=self.pg)
+        if code == 1:
+            tensor.div_(self.size)
+        return tensor
+
+    def all_reduce_async(self, tensor: torch.Tensor, op: Any = "sum") -> Any:
+        code = _op_code(op)
+        if code == 1:  # avg: torch has no async post-division; finish it here
+            self.all_reduce(tensor, op)
+            w = Work()
+            w._done.set()
+            return w
+        return dist.all_reduce(tensor, op=_TORCH_OPS[code], group=self.pg, async_op=True)
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor:
+        # gloo has no reduce_scatter on every torch version: all-reduce a copy and keep our slice
+        tmp = input.detach().clone()
+        self.all_reduce(tmp, op)
+        n = output.numel()
+        output.copy_(tmp.view(-1)[self.rank * n:(self.rank + 1) * n].view_as(output))
+        return output
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+        parts = list(output.view(-1).chunk(self.size)) if input.numel() else [input.new_empty(0)] * self.size
+        dist.all_gather(parts, input.contiguous().view(-1), group=self.pg)
+        return output
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        dist.broadcast(tensor, src=self._global(src), group=self.pg)
+        return tensor
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.pg)
+
+    def alloc(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.zeros(numel, dtype=dtype)
+
+    def close(self) -> None:
+        pass
+
+
+class _CpuOrTorch:
+    """Routes non-CPU tensors of an shm-backed group to torch.distributed on the same process group."""
+
+    def __init__(self, inner: Any, pg: Optional[dist.ProcessGroup]) -> None:
+        self.inner, self.pg = inner, pg
+        self.rank, self.size = inner.rank, inner.size
+        self._torch: Optional[TorchGroup] = None
+
+    def _pick(self, *ts: torch.Tensor) -> Any:
+        if all(t.device.type == "cpu" and t.is_contiguous() for t in ts):
+            return self.inner
+        if self._torch is None:
+            self._torch = TorchGroup(self.pg)
+        return self._torch
+
+    def all_reduce(self, tensor: torch.Tensor, op: Any = "sum") -> torch.Tensor:
+        return self._pick(tensor).all_reduce(tensor, op)
+
+    def all_reduce_async(self, tensor: torch.Tensor, op: Any = "sum") -> Any:
+        return self._pick(tensor).all_reduce_async(tensor, op)
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor:
+        return self._pick(output, input).reduce_scatter(output, input, op)
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+        return self._pick(output, input).all_gather(output, input)
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        return self._pick(tensor).broadcast(tensor, src)
+
+    def barrier(self) -> None:
+        self.inner.barrier()
+
+    def alloc(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.inner.alloc(numel, dtype)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def get_group(pg: Optional[dist.ProcessGroup] = None, *, timeout: Optional[float] = None) -> CollectiveGroup:
+    """Collective (every rank of `pg` must call it, in the same order as other collectives). Cached per pg."""
+    key = id(pg) if pg is not None else None
+    if key in _CACHE:
+        return _CACHE[key]
+    if not (dist.is_available() and dist.is_initialized()):
+        grp: Any = ShmGroup(None, timeout=timeout)
+    elif os.environ.get("ACCELERATE_C_COMM", "").lower() == "torch":
+        grp = TorchGroup(pg)
+    else:
+        n = dist.get_world_size(pg)
+        hosts: list = [None] * n
+        dist.all_gather_object(hosts, host_id(), group=pg)
+        distinct = len(set(hosts))
+        if distinct == 1:
+            grp = _CpuOrTorch(ShmGroup(pg, timeout=timeout), pg)
+        elif distinct == n:
+            grp = TorchGroup(pg)
+        else:
+            from accelerate_c.comm.hierarchical import HierarchicalGroup
+            grp = _CpuOrTorch(HierarchicalGroup(pg, hosts, timeout=timeout), pg)
+    _CACHE[key] = grp
+    return grp
+
+
+def release_groups() -> None:
+    """Closes every cached group (call before destroy_process_group)."""
+    for g in list(_CACHE.values()):
+        g.close()
+    _CACHE.clear()

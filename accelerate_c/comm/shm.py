@@ -1,0 +1,301 @@
+# shm.py: ShmGroup, collectives between the ranks of one host over POSIX shared memory (accelerate_c._C).
+# Not for: ranks on several hosts (hierarchical.py), choosing a transport (group.py), or gradient bucketing
+# (the DDP strategy builds on alloc() + all_reduce()/all_reduce_async()).
+#
+# Creation is collective over a torch.distributed process group whose ranks all live on this host: group
+# rank 0 creates the segment (O_EXCL, 0600, a name with the job's master port, its pid and a random token),
+# the name travels by broadcast_object_list, the others attach, and the last one to attach unlinks the name,
+# so nothing is left in /dev/shm even if a rank is SIGKILLed later. Every collective must be issued by every
+# rank of the group in the same order (mismatches raise on every rank; a dead or late peer raises after the
+# timeout, which defaults to the process group's timeout).
+from __future__ import annotations
+
+import mmap
+import os
+import queue
+import secrets
+import threading
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from accelerate_c import _C
+
+_OPS = {"sum": 0, "avg": 1, "mean": 1, "max": 2, "min": 3}
+_PAGE = 4096
+
+
+def _op_code(op: Any) -> int:
+    if isinstance(op, int) and 0 <= op <= 3:  # already a code (0 sum, 1 avg, 2 max, 3 min)
+        return op
+    if isinstance(op, str):
+        if op.lower() not in _OPS:
+            raise ValueError(f"unknown reduction op {op!r} (sum, avg, max, min)")
+        return _OPS[op.lower()]
+    names = {dist.ReduceOp.SUM: 0, dist.ReduceOp.AVG: 1, dist.ReduceOp.MAX: 2, dist.ReduceOp.MIN: 3}
+    for k, v in names.items():
+        if op == k:
+            return v
+    raise ValueError(f"unsupported reduction op {op!r} for the shm transport")
+
+
+def pg_timeout(pg: Optional[dist.ProcessGroup]) -> float:
+    """Seconds of the process group's timeout (torch's default when it cannot be read)."""
+    try:
+        g = pg if pg is not None else dist.distributed_c10d._get_default_group()
+        return g._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    except Exception:
+        t = dist.distributed_c10d.default_pg_timeout
+        return t.total_seconds() if isinstance(t, timedelta) else 1800.0
+
+
+class Work:
+    """Handle of an async collective: wait() blocks until it finished and re-raises its error."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._error: Optional[BaseException] = None
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        if not self._done.wait(timeout):
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+
+class ShmWork:
+    """Handle of a queued all_reduce_async on the group's C worker thread (holds the tensor alive)."""
+
+    __slots__ = ("_h", "_ticket", "_tensor", "_done")
+
+    def __init__(self, h: Any, ticket: int, tensor: torch.Tensor) -> None:
+        self._h, self._ticket, self._tensor, self._done = h, ticket, tensor, False
+
+    def is_completed(self) -> bool:
+        return self._done or bool(_C.shm_done(self._h, self._ticket))
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Blocks (GIL released) until done; raises the collective's error. `timeout` is accepted for
+        interface parity; the group's own timeout bounds the wait."""
+        if not self._done:
+            _C.shm_wait(self._h, self._ticket)
+            self._done, self._tensor = True, None
+        return True
+
+
+class ShmGroup:
+    """Collectives among the ranks of `pg` (all on this host) through one shared-memory segment."""
+
+    def __init__(self, pg: Optional[dist.ProcessGroup] = None, *, timeout: Optional[float] = None,
+                 small_bytes: int = 0, chunk_bytes: int = 0, tag: Optional[str] = None) -> None:
+        self.pg = pg
+        init = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank(pg) if init else 0
+        self.size = dist.get_world_size(pg) if init else 1
+        self.timeout = float(timeout) if timeout is not None else (pg_timeout(pg) if init else 1800.0)
+        self._regions: list[tuple[mmap.mmap, torch.Tensor]] = []
+        self._queue: Optional[queue.SimpleQueue] = None
+        self._pending: list[Work] = []
+        self._lock = threading.Lock()
+        tag = tag or os.environ.get("MASTER_PORT", "0")
+        h = None
+        err = ""
+        name = None
+        if self.rank == 0:  # create before sharing the name, so the others can attach at once
+            name = f"/accc-{tag}-{os.getpid()}-{secrets.token_hex(8)}"
+            try:
+                h = _C.shm_group_open(name, True, 0, self.size, small_bytes, chunk_bytes, self.timeout)
+            except Exception as e:
+                err = f"rank 0: {e}"
+        name, err0 = self._share((name, err))
+        if not err0 and self.rank != 0:
+            try:
+                h = _C.shm_group_open(name, False, self.rank, self.size, small_bytes, chunk_bytes, self.timeout)
+            except Exception as e:  # every rank learns about the failure below instead of timing out
+                err = f"rank {self.rank}: {e}"
+        errs = self._gather(err)
+        if any(errs):
+            if h is not None:
+                _C.shm_group_close(h)  # the creator unlinks the name when not everyone attached
+            if self.rank == 0:
+                _C.shm_unlink(name)
+            raise RuntimeError("ShmGroup creation failed: " + "; ".join(e for e in errs if e))
+        _C.shm_group_wait_attached(h)
+        self._h = h
+        self.name = name
+
+    # ---- collective plumbing over the bootstrap process group ------------------------------------------
+    def _share(self, obj: Any) -> Any:
+        if self.size == 1:
+            return obj
+        lst = [obj]
+        dist.broadcast_object_list(lst, src=dist.get_global_rank(self.pg, 0) if self.pg is not None else 0,
+                                   group=self.pg)
+        return lst[0]
+
+    def _gather(self, obj: Any) -> list:
+        if self.size == 1:
+            return [obj]
+        out: list = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.pg)
+        return out
+
+    # ---- async support: one worker thread runs queued ops in FIFO order (the C call drops the GIL) ----
+    def submit(self, fn: Callable[[], None]) -> Work:
+        """Runs fn() on the group's worker thread after every op queued before it; returns its Work."""
+        w = Work()
+        with self._lock:
+            if self._queue is None:
+                self._queue = queue.SimpleQueue()
+                threading.Thread(target=self._worker, args=(self._queue,), daemon=True,
+                                 name="accelerate_c-shm").start()
+            self._pending.append(w)
+        self._queue.put((fn, w))
+        return w
+
+    @staticmethod
+    def _worker(q: queue.SimpleQueue) -> None:
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            fn, w = item
+            try:
+                fn()
+            except BaseException as e:  # surfaced by Work.wait()
+                w._error = e
+            w._done.set()
+
+    def synchronize(self) -> None:
+        """Waits for every async op issued so far (re-raising the first error)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for w in pending:
+            w.wait()
+
+    def _sync_call(self, fn: Callable[[], None]) -> None:
+        if self._pending:
+            self.synchronize()
+        fn()
+
+    # ---- collectives -------------------------------------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, op: Any = "sum") -> torch.Tensor:
+        """In-place all-reduce of a contiguous CPU tensor (zero-copy when it lives in alloc() memory)."""
+        code = _op_code(op)
+        if not tensor.is_contiguous():  # rare: reduce a contiguous copy
+            tmp = tensor.contiguous()
+            self._sync_call(lambda: _C.shm_all_reduce(self._h, tmp, code))
+            return tensor.copy_(tmp)
+        self._sync_call(lambda: _C.shm_all_reduce(self._h, tensor, code))
+        return tensor
+
+    # raw ops: no ordering with the async queue (for callers already on the worker thread, e.g.
+    # HierarchicalGroup's async path); everything else should use the public methods.
+    def raw_all_reduce(self, tensor: torch.Tensor, op: Any = "sum") -> None:
+        _C.shm_all_reduce(self._h, tensor, _op_code(op))
+
+    def raw_broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
+        _C.shm_broadcast(self._h, tensor, src)
+
+    def raw_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
+        _C.shm_all_gather(self._h, input, output)
+
+    def all_reduce_async(self, tensor: torch.Tensor, op: Any = "sum") -> ShmWork:
+        """Queues an in-place all-reduce on the group's C worker thread (no GIL, issue order) and returns at
+        once; wait() on the result before touching `tensor`. Synchronous collectives on this group wait for
+        the queue first. Submit from one thread only."""
+        code = _op_code(op)
+        if self._pending:
+            self.synchronize()
+        return ShmWork(self._h, _C.shm_all_reduce_start(self._h, tensor, code), tensor)
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor:
+        """output = reduction over ranks of input[rank*n:(rank+1)*n] (n = output.numel())."""
+        code = _op_code(op)
+        self._sync_call(lambda: _C.shm_reduce_scatter(self._h, input, output, code))
+        return output
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+        """output (size * input.numel() elements) = every rank's input in rank order."""
+        self._sync_call(lambda: _C.shm_all_gather(self._h, input, output))
+        return output
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """In-place broadcast from group rank `src`."""
+        if not tensor.is_contiguous():
+            tmp = tensor.contiguous()
+            self._sync_call(lambda: _C.shm_broadcast(self._h, tmp, src))
+            return tensor.copy_(tmp)
+        self._sync_call(lambda: _C.shm_broadcast(self._h, tensor, src))
+        return tensor
+
+    def barrier(self) -> None:
+        self._sync_call(lambda: _C.shm_barrier(self._h))
+
+    def set_timeout(self, seconds: float) -> None:
+        self.timeout = float(seconds)
+        _C.shm_set_timeout(self._h, self.timeout)
+
+    # ---- memory in the segment ----------------------------------------------------------------------------
+    def alloc(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Collective: a zeroed 1-D tensor of `numel` elements living in shared memory. Collectives on it
+        (or on any contiguous slice of it) read and write the peers' copies directly (no copy-in).
+        Every rank must call alloc with the same sizes in the same order. At most 32 per group."""
+        nbytes = int(numel) * torch.empty((), dtype=dtype).element_size()
+        part = max(_PAGE, (nbytes + _PAGE - 1) // _PAGE * _PAGE)
+        tag = os.environ.get("MASTER_PORT", "0")
+        name, err, fd = None, "", -1
+        if self.rank == 0:  # create before sharing the name
+            name = f"/accc-{tag}-{os.getpid()}-{secrets.token_hex(8)}-r"
+            try:
+                fd = _C.shm_region_fd(name, True, part * self.size)
+            except Exception as e:
+                err = f"rank 0: {e}"
+        name, err0 = self._share((name, err))
+        if not err0 and self.rank != 0:
+            try:
+                fd = _C.shm_region_fd(name, False, part * self.size)
+            except Exception as e:
+                err = f"rank {self.rank}: {e}"
+        errs = self._gather(err)  # after this every rank has the region open (or knows it failed)
+        if self.rank == 0 and name is not None:
+            _C.shm_unlink(name)
+        if any(errs):
+            if fd >= 0:
+                os.close(fd)
+            raise RuntimeError("ShmGroup.alloc failed: " + "; ".join(e for e in errs if e))
+        try:
+            mm = mmap.mmap(fd, part * self.size)
+        finally:
+            os.close(fd)
+        whole = torch.frombuffer(mm, dtype=torch.uint8)
+        _C.shm_region_register(self._h, whole, part)
+        self._regions.append((mm, whole))
+        mine = whole[self.rank * part:self.rank * part + nbytes]
+        return mine.view(dtype)
+
+    def close(self) -> None:
+        """Waits for async work, then unmaps the control segment. Tensors from alloc() stay valid."""
+        if getattr(self, "_h", None) is None:
+            return
+        try:
+            self.synchronize()
+        finally:
+            if self._queue is not None:
+                self._queue.put(None)
+                self._queue = None
+            _C.shm_group_close(self._h)
+            self._h = None
+            self._regions.clear()
+
+    def __del__(self) -> None:  # best effort
+        try:
+            self.close()
+        except Exception:
+            pass

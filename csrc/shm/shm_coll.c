@@ -1,0 +1,277 @@
+/* shm_coll.c: the collectives over a group's segment: all_reduce, reduce_scatter, all_gather,
+ * broadcast, barrier. Three paths per op, chosen per call from the size and where the data lives:
+ *   small (bytes a rank contributes <= small_bytes): copy into small[call & 1], one arrival, every rank
+ *       reads what it needs from every peer's small buffer. No trailing barrier: to reuse small[b] a rank
+ *       must first have waited for every peer's arrival of the next call, which peers only make after
+ *       they finished reading small[b].
+ *   zero-copy (the tensor lies in a registered region, same offset on every rank): no copy-in; ranks
+ *       read (and for all_reduce, write) peers' parts directly, then a second arrival so nobody
+ *       returns (and lets the user touch its buffer) while a peer still uses it.
+ *   staged (ordinary tensors above small_bytes): chunks of chunk_bytes through staging[k & 1]
+ *       (k counts chunks across calls, so consecutive chunks alternate buffers; same reuse argument).
+ * all_reduce slices a chunk into N cache-line aligned parts; rank r reduces part r from every rank.
+ * Not for: segment life cycle / waiting (shm_seg.c) or the arithmetic (shm_reduce.c). */
+#include <stdio.h>
+#include <string.h>
+
+#include "shm_internal.h"
+
+static const char *op_name(uint32_t kind) {
+    switch (kind) {
+    case OP_ALL_REDUCE: return "all_reduce";
+    case OP_REDUCE_SCATTER: return "reduce_scatter";
+    case OP_ALL_GATHER: return "all_gather";
+    case OP_BROADCAST: return "broadcast";
+    default: return "barrier";
+    }
+}
+
+static void desc_str(const shm_desc *d, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s(count=%llu, dtype=%s, %s=%u, %s)", op_name(d->kind), (unsigned long long)d->count,
+             acc_dtype_name((acc_dtype)d->dtype), d->kind == OP_BROADCAST ? "root" : "op", d->redop,
+             d->zoff == UINT64_MAX ? "ordinary buffer" : "shm buffer");
+}
+
+/* Starts call number ncalls: checks the group, publishes this rank's descriptor. */
+static acc_status begin(acc_shm_group *g, uint32_t kind, acc_dtype dtype, uint32_t redop, uint64_t count,
+                        uint64_t zoff) {
+    if (g->broken || atomic_load(&g->hdr->abort_flag)) {
+        acc_set_error("shm %s: the group is unusable after an earlier error (%s)", op_name(kind),
+                      atomic_load(&g->hdr->abort_flag) ? g->hdr->abort_msg : "see the first exception");
+        return ACC_ERR_STATE;
+    }
+    shm_desc *d = &g->slots[g->rank].desc[g->ncalls & 1u];
+    d->call = g->ncalls;
+    d->kind = kind;
+    d->dtype = (uint32_t)dtype;
+    d->redop = redop;
+    d->count = count;
+    d->zoff = zoff;
+    g->ncalls++;
+    return ACC_OK;
+}
+
+/* First arrival of a call: arrive, wait, then compare every peer's descriptor with ours. */
+static acc_status first_sync(acc_shm_group *g, uint32_t kind) {
+    shm_arrive(g);
+    acc_status st = shm_wait_all(g, op_name(kind), g->spin_ns);
+    if (st) return st;
+    uint32_t b = (g->ncalls - 1) & 1u;
+    const shm_desc *mine = &g->slots[g->rank].desc[b];
+    for (int q = 0; q < g->nranks; q++) {
+        const shm_desc *d = &g->slots[q].desc[b];
+        if (d->call == mine->call && d->kind == mine->kind && d->dtype == mine->dtype && d->redop == mine->redop &&
+            d->count == mine->count && d->zoff == mine->zoff)
+            continue;
+        char a[160], c[160], msg[1024];
+        desc_str(mine, a, sizeof a);
+        desc_str(d, c, sizeof c);
+        snprintf(msg, sizeof msg, "shm %s: mismatched collective: rank %d called %s (call %u) but rank %d called %s (call %u)",
+                 op_name(kind), g->rank, a, mine->call, q, c, d->call);
+        shm_abort(g, msg);
+        acc_set_error("%s", msg);
+        return ACC_ERR_PEER;
+    }
+    return ACC_OK;
+}
+
+static acc_status sync_again(acc_shm_group *g, uint32_t kind) {
+    shm_arrive(g);
+    return shm_wait_all(g, op_name(kind), g->inner_spin_ns);
+}
+
+/* Offset of [p, p+n) inside this rank's part of a registered region, or UINT64_MAX. Sets *part0. */
+static uint64_t region_offset(acc_shm_group *g, const void *p, size_t n, char **part0, size_t *stride) {
+    const char *c = (const char *)p;
+    for (int i = 0; i < g->nregions; i++) {
+        shm_region *r = &g->regions[i];
+        char *mine = r->base + (size_t)g->rank * r->part_bytes;
+        if (c >= mine && c + n <= mine + r->part_bytes && n > 0) {
+            *part0 = r->base;
+            *stride = r->part_bytes;
+            return (uint64_t)(c - mine);
+        }
+    }
+    return UINT64_MAX;
+}
+
+/* Slice q of n elements split in N parts aligned to 64 bytes. */
+static void slice(size_t n, size_t esz, int nranks, int q, size_t *lo, size_t *hi) {
+    size_t align = 64 / esz ? 64 / esz : 1;
+    size_t per = (n + (size_t)nranks - 1) / (size_t)nranks;
+    per = (per + align - 1) / align * align;
+    *lo = (size_t)q * per < n ? (size_t)q * per : n;
+    *hi = *lo + per < n ? *lo + per : n;
+}
+
+acc_status acc_shm_all_reduce(acc_shm_group *g, void *data, size_t count, acc_dtype dtype, acc_redop op) {
+    if (!acc_reduce_supported(dtype, op)) {
+        acc_set_error("shm all_reduce: op %d is not supported for dtype %s", (int)op, acc_dtype_name(dtype));
+        return ACC_ERR_DTYPE;
+    }
+    const int N = g->nranks, me = g->rank;
+    const size_t esz = acc_dtype_size(dtype), nbytes = count * esz;
+    char *part0 = NULL;
+    size_t pstride = 0;
+    uint64_t zoff = nbytes > g->small_bytes ? region_offset(g, data, nbytes, &part0, &pstride) : UINT64_MAX;
+    acc_status st = begin(g, OP_ALL_REDUCE, dtype, (uint32_t)op, count, zoff);
+    if (st) return st;
+    const void *srcs[SHM_MAX_RANKS];
+    void *dsts[SHM_MAX_RANKS + 1];
+    if (nbytes <= g->small_bytes) {
+        uint32_t call = g->ncalls - 1;
+        memcpy(shm_small(g, me, call), data, nbytes);
+        if ((st = first_sync(g, OP_ALL_REDUCE))) return st;
+        for (int q = 0; q < N; q++) srcs[q] = shm_small(g, q, call);
+        dsts[0] = data;
+        return acc_reduce_n(dtype, op, srcs, N, dsts, 1, count);
+    }
+    if (zoff != UINT64_MAX) {
+        if ((st = first_sync(g, OP_ALL_REDUCE))) return st;
+        size_t lo, hi;
+        slice(count, esz, N, me, &lo, &hi);
+        for (int q = 0; q < N; q++) dsts[q] = part0 + (size_t)q * pstride + zoff + lo * esz;
+        if (hi > lo && (st = acc_reduce_n(dtype, op, (const void *const *)dsts, N, dsts, N, hi - lo))) return st;
+        return sync_again(g, OP_ALL_REDUCE);
+    }
+    /* staged: peers only need the slices they reduce, so rank r publishes every slice but its own, reduces
+     * slice r from its own (private) tensor + the peers' staging, writes the sum to its tensor and to its
+     * staging slice r, and after the second arrival copies the other reduced slices from the peers. */
+    const size_t per_chunk = g->chunk_bytes / esz;
+    for (size_t off = 0; off < count; off += per_chunk) {
+        size_t m = count - off < per_chunk ? count - off : per_chunk;
+        uint32_t k = g->nstage++;
+        char *base = (char *)data + off * esz, *stg = shm_staging(g, me, k);
+        size_t lo, hi;
+        for (int q = 0; q < N; q++) {
+            if (q == me) continue;
+            slice(m, esz, N, q, &lo, &hi);
+            memcpy(stg + lo * esz, base + lo * esz, (hi - lo) * esz);
+        }
+        if ((st = off == 0 ? first_sync(g, OP_ALL_REDUCE) : sync_again(g, OP_ALL_REDUCE))) return st;
+        slice(m, esz, N, me, &lo, &hi);
+        for (int q = 0; q < N; q++) srcs[q] = (q == me ? base : shm_staging(g, q, k)) + lo * esz;
+        dsts[0] = base + lo * esz;
+        dsts[1] = stg + lo * esz;
+        if (hi > lo && (st = acc_reduce_n(dtype, op, srcs, N, dsts, N > 1 ? 2 : 1, hi - lo))) return st;
+        if ((st = sync_again(g, OP_ALL_REDUCE))) return st;
+        for (int q = 0; q < N; q++) {
+            if (q == me) continue;
+            slice(m, esz, N, q, &lo, &hi);
+            memcpy(base + lo * esz, shm_staging(g, q, k) + lo * esz, (hi - lo) * esz);
+        }
+    }
+    return ACC_OK;
+}
+
+acc_status acc_shm_reduce_scatter(acc_shm_group *g, const void *in, void *out, size_t count, acc_dtype dtype,
+                                  acc_redop op) {
+    if (!acc_reduce_supported(dtype, op)) {
+        acc_set_error("shm reduce_scatter: op %d is not supported for dtype %s", (int)op, acc_dtype_name(dtype));
+        return ACC_ERR_DTYPE;
+    }
+    const int N = g->nranks, me = g->rank;
+    const size_t esz = acc_dtype_size(dtype), nbytes = count * esz, total = nbytes * (size_t)N;
+    char *part0 = NULL;
+    size_t pstride = 0;
+    uint64_t zoff = total > g->small_bytes ? region_offset(g, in, total, &part0, &pstride) : UINT64_MAX;
+    acc_status st = begin(g, OP_REDUCE_SCATTER, dtype, (uint32_t)op, count, zoff);
+    if (st) return st;
+    const void *srcs[SHM_MAX_RANKS];
+    void *dst[1] = {out};
+    if (total <= g->small_bytes) {
+        uint32_t call = g->ncalls - 1;
+        memcpy(shm_small(g, me, call), in, total);
+        if ((st = first_sync(g, OP_REDUCE_SCATTER))) return st;
+        for (int q = 0; q < N; q++) srcs[q] = shm_small(g, q, call) + (size_t)me * nbytes;
+        return acc_reduce_n(dtype, op, srcs, N, dst, 1, count);
+    }
+    if (zoff != UINT64_MAX) {
+        if ((st = first_sync(g, OP_REDUCE_SCATTER))) return st;
+        for (int q = 0; q < N; q++) srcs[q] = part0 + (size_t)q * pstride + zoff + (size_t)me * nbytes;
+        if ((st = acc_reduce_n(dtype, op, srcs, N, dst, 1, count))) return st;
+        return sync_again(g, OP_REDUCE_SCATTER);
+    }
+    /* staged: chunk c holds elements [off, off+m) of every rank's block, block q at q*m */
+    const size_t per_chunk = g->chunk_bytes / esz / (size_t)N;
+    for (size_t off = 0; off < count; off += per_chunk) {
+        size_t m = count - off < per_chunk ? count - off : per_chunk;
+        uint32_t k = g->nstage++;
+        char *stg = shm_staging(g, me, k);
+        for (int q = 0; q < N; q++) memcpy(stg + (size_t)q * m * esz, (const char *)in + ((size_t)q * count + off) * esz, m * esz);
+        if ((st = off == 0 ? first_sync(g, OP_REDUCE_SCATTER) : sync_again(g, OP_REDUCE_SCATTER))) return st;
+        for (int q = 0; q < N; q++) srcs[q] = shm_staging(g, q, k) + (size_t)me * m * esz;
+        dst[0] = (char *)out + off * esz;
+        if ((st = acc_reduce_n(dtype, op, srcs, N, dst, 1, m))) return st;
+    }
+    return ACC_OK;
+}
+
+acc_status acc_shm_all_gather(acc_shm_group *g, const void *in, void *out, size_t nbytes) {
+    const int N = g->nranks, me = g->rank;
+    char *part0 = NULL;
+    size_t pstride = 0;
+    uint64_t zoff = nbytes > g->small_bytes ? region_offset(g, in, nbytes, &part0, &pstride) : UINT64_MAX;
+    acc_status st = begin(g, OP_ALL_GATHER, ACC_U8, 0, nbytes, zoff);
+    if (st) return st;
+    char *o = (char *)out;
+    if (nbytes <= g->small_bytes) {
+        uint32_t call = g->ncalls - 1;
+        memcpy(shm_small(g, me, call), in, nbytes);
+        if ((st = first_sync(g, OP_ALL_GATHER))) return st;
+        for (int q = 0; q < N; q++) memcpy(o + (size_t)q * nbytes, q == me ? in : shm_small(g, q, call), nbytes);
+        return ACC_OK;
+    }
+    if (zoff != UINT64_MAX) {
+        if ((st = first_sync(g, OP_ALL_GATHER))) return st;
+        for (int q = 0; q < N; q++) memmove(o + (size_t)q * nbytes, part0 + (size_t)q * pstride + zoff, nbytes);
+        return sync_again(g, OP_ALL_GATHER);
+    }
+    for (size_t off = 0; off < nbytes; off += g->chunk_bytes) {
+        size_t m = nbytes - off < g->chunk_bytes ? nbytes - off : g->chunk_bytes;
+        uint32_t k = g->nstage++;
+        memcpy(shm_staging(g, me, k), (const char *)in + off, m);
+        if ((st = off == 0 ? first_sync(g, OP_ALL_GATHER) : sync_again(g, OP_ALL_GATHER))) return st;
+        for (int q = 0; q < N; q++) memcpy(o + (size_t)q * nbytes + off, shm_staging(g, q, k), m);
+    }
+    return ACC_OK;
+}
+
+acc_status acc_shm_broadcast(acc_shm_group *g, void *data, size_t nbytes, int root) {
+    const int me = g->rank;
+    if (root < 0 || root >= g->nranks) {
+        acc_set_error("shm broadcast: root %d out of range for %d ranks", root, g->nranks);
+        return ACC_ERR_ARG;
+    }
+    char *part0 = NULL;
+    size_t pstride = 0;
+    uint64_t zoff = nbytes > g->small_bytes ? region_offset(g, data, nbytes, &part0, &pstride) : UINT64_MAX;
+    acc_status st = begin(g, OP_BROADCAST, ACC_U8, (uint32_t)root, nbytes, zoff);
+    if (st) return st;
+    if (nbytes <= g->small_bytes) {
+        uint32_t call = g->ncalls - 1;
+        if (me == root) memcpy(shm_small(g, me, call), data, nbytes);
+        if ((st = first_sync(g, OP_BROADCAST))) return st;
+        if (me != root) memcpy(data, shm_small(g, root, call), nbytes);
+        return ACC_OK;
+    }
+    if (zoff != UINT64_MAX) {
+        if ((st = first_sync(g, OP_BROADCAST))) return st;
+        if (me != root) memcpy(data, part0 + (size_t)root * pstride + zoff, nbytes);
+        return sync_again(g, OP_BROADCAST);
+    }
+    for (size_t off = 0; off < nbytes; off += g->chunk_bytes) {
+        size_t m = nbytes - off < g->chunk_bytes ? nbytes - off : g->chunk_bytes;
+        uint32_t k = g->nstage++;
+        if (me == root) memcpy(shm_staging(g, me, k), (char *)data + off, m);
+        if ((st = off == 0 ? first_sync(g, OP_BROADCAST) : sync_again(g, OP_BROADCAST))) return st;
+        if (me != root) memcpy((char *)data + off, shm_staging(g, root, k), m);
+    }
+    return ACC_OK;
+}
+
+acc_status acc_shm_barrier(acc_shm_group *g) {
+    acc_status st = begin(g, OP_BARRIER, ACC_U8, 0, 0, UINT64_MAX);
+    if (st) return st;
+    return first_sync(g, OP_BARRIER);
+}

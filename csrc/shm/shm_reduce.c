@@ -1,0 +1,127 @@
+/* shm_reduce.c: the element-wise N-way reduction used by the shm collectives (sum/avg/max/min over
+ * fp32, bf16, fp16, fp64, int32, int64), with run-time SIMD dispatch (scalar / AVX2 / AVX-512).
+ * Not for: synchronisation or memory layout (shm_seg.c / shm_coll.c).
+ *
+ * Why blocks: the N sources are combined in a fixed order (rank 0, 1, ...) into a small stack block
+ * of the accumulation type (fp32 for bf16/fp16), then stored once to every destination. Fixed order
+ * means every rank that reduces the same data gets the same bits. The generic kernels are
+ * always_inline and instantiated inside functions with different `target` attributes, so gcc
+ * vectorises the same C for each ISA (bit-identical: no FMA contraction happens in add/max/min). */
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "shm.h"
+
+#define BLK 1024
+
+static inline __attribute__((always_inline)) float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline __attribute__((always_inline)) uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    /* round to nearest even; NaN stays a (quiet) NaN */
+    uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    uint32_t q = (u >> 16) | 0x40u;
+    return (uint16_t)(((u & 0x7FFFFFFFu) > 0x7F800000u) ? q : r);
+}
+
+/* One generic kernel per (storage type T, accumulation type A). LD converts T->A, ST converts A->T. */
+#define DEF_KERNEL(NAME, T, A, LD, ST)                                                                   \
+    static inline __attribute__((always_inline)) void NAME(int op, const void *const *srcs, int n,        \
+                                                            void *const *dsts, int nd, size_t count) {    \
+        A acc[BLK];                                                                                       \
+        for (size_t b = 0; b < count; b += BLK) {                                                         \
+            size_t m = count - b < BLK ? count - b : BLK;                                                 \
+            const T *s0 = (const T *)srcs[0] + b;                                                         \
+            for (size_t i = 0; i < m; i++) acc[i] = LD(s0[i]);                                            \
+            for (int k = 1; k < n; k++) {                                                                 \
+                const T *sk = (const T *)srcs[k] + b;                                                     \
+                if (op == ACC_RED_SUM || op == ACC_RED_AVG) {                                             \
+                    for (size_t i = 0; i < m; i++) acc[i] = acc[i] + LD(sk[i]);                           \
+                } else if (op == ACC_RED_MAX) {                                                           \
+                    for (size_t i = 0; i < m; i++) {                                                      \
+                        A a = acc[i], v = LD(sk[i]);                                                      \
+                        acc[i] = (a > v || a != a) ? a : v;                                               \
+                    }                                                                                     \
+                } else {                                                                                  \
+                    for (size_t i = 0; i < m; i++) {                                                      \
+                        A a = acc[i], v = LD(sk[i]);                                                      \
+                        acc[i] = (a < v || a != a) ? a : v;                                               \
+                    }                                                                                     \
+                }                                                                                         \
+            }                                                                                             \
+            if (op == ACC_RED_AVG) {                                                                      \
+                A dn = (A)n;                                                                              \
+                for (size_t i = 0; i < m; i++) acc[i] = acc[i] / dn;                                      \
+            }                                                                                             \
+            for (int k = 0; k < nd; k++) {                                                                \
+                T *d = (T *)dsts[k] + b;                                                                  \
+                for (size_t i = 0; i < m; i++) d[i] = ST(acc[i]);                                         \
+            }                                                                                             \
+        }                                                                                                 \
+    }
+
+#define ID(x) (x)
+#define F16_LD(x) ((float)(x))
+#define F16_ST(x) ((_Float16)(x))
+DEF_KERNEL(k_f32, float, float, ID, ID)
+DEF_KERNEL(k_f64, double, double, ID, ID)
+DEF_KERNEL(k_i32, int32_t, int32_t, ID, ID)
+DEF_KERNEL(k_i64, int64_t, int64_t, ID, ID)
+DEF_KERNEL(k_bf16, uint16_t, float, bf16_to_f32, f32_to_bf16)
+DEF_KERNEL(k_f16, _Float16, float, F16_LD, F16_ST)
+
+#define DISPATCH_BODY                                                                                    \
+    switch (dtype) {                                                                                      \
+    case ACC_F32: k_f32(op, srcs, n, dsts, nd, count); break;                                             \
+    case ACC_F64: k_f64(op, srcs, n, dsts, nd, count); break;                                             \
+    case ACC_I32: k_i32(op, srcs, n, dsts, nd, count); break;                                             \
+    case ACC_I64: k_i64(op, srcs, n, dsts, nd, count); break;                                             \
+    case ACC_BF16: k_bf16(op, srcs, n, dsts, nd, count); break;                                           \
+    case ACC_F16: k_f16(op, srcs, n, dsts, nd, count); break;                                             \
+    default: break;                                                                                       \
+    }
+
+static void reduce_scalar(acc_dtype dtype, int op, const void *const *srcs, int n, void *const *dsts, int nd,
+                          size_t count) {
+    DISPATCH_BODY
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void reduce_avx2(acc_dtype dtype, int op, const void *const *srcs,
+                                                                 int n, void *const *dsts, int nd, size_t count) {
+    DISPATCH_BODY
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"))) static void
+reduce_avx512(acc_dtype dtype, int op, const void *const *srcs, int n, void *const *dsts, int nd, size_t count) {
+    DISPATCH_BODY
+}
+
+int acc_reduce_supported(acc_dtype dtype, acc_redop op) {
+    int is_float = dtype == ACC_F32 || dtype == ACC_F64 || dtype == ACC_BF16 || dtype == ACC_F16;
+    int is_int = dtype == ACC_I32 || dtype == ACC_I64;
+    if (op < ACC_RED_SUM || op > ACC_RED_MIN) return 0;
+    if (op == ACC_RED_AVG) return is_float;
+    return is_float || is_int;
+}
+
+acc_status acc_reduce_n(acc_dtype dtype, acc_redop op, const void *const *srcs, int nsrc, void *const *dsts,
+                        int ndst, size_t count) {
+    if (!acc_reduce_supported(dtype, op)) {
+        acc_set_error("reduction op %d is not supported for dtype %s", (int)op, acc_dtype_name(dtype));
+        return ACC_ERR_DTYPE;
+    }
+    if (nsrc < 1 || count == 0) return ACC_OK;
+    switch (acc_simd_level_get()) {
+    case ACC_SIMD_AVX512: reduce_avx512(dtype, op, srcs, nsrc, dsts, ndst, count); break;
+    case ACC_SIMD_AVX2: reduce_avx2(dtype, op, srcs, nsrc, dsts, ndst, count); break;
+    default: reduce_scalar(dtype, op, srcs, nsrc, dsts, ndst, count); break;
+    }
+    return ACC_OK;
+}
