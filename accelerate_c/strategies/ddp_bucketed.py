@@ -100,7 +100,7 @@ class BucketedGradSync:
 
     def _launch(self, first: int, end: int) -> None:
         for b in range(first, end):
-            self._works.append(self.transport.all_reduce_async(self.buckets[b].view()))
+            self._works.append(self.transport.all_reduce_async(self.buckets[b].view(), "avg"))
 
     def _end_of_backward(self) -> None:
         # Unused parameters: zero their slice (it may hold stale values) and mark them.
@@ -110,7 +110,7 @@ class BucketedGradSync:
                 self.params[i].grad = self.views[i]
         first, end = self.counter.mark_all_remaining()
         self._launch(first, end)
-        self._works.append(self.transport.all_reduce_async(self._used))
+        self._works.append(self.transport.all_reduce_async(self._used, "sum"))
         self._in_pass = False
         self.counter.reset()
         if not self.defer_wait:
@@ -124,8 +124,6 @@ class BucketedGradSync:
         works, self._works = self._works, []
         for w in works:
             w.wait()
-        for buf in self.buffers.values():
-            buf.div_(self.world_size)
         used = self._used
         for i in torch.nonzero(used == 0).flatten().tolist():
             self.params[i].grad = None
@@ -151,29 +149,53 @@ class BucketedGradSync:
         self._handles = []
 
 
-class GlooTransport:
+class _SumThenDivide:
+    """A torch.distributed Work whose wait() also divides the summed tensor by the world size."""
+
+    def __init__(self, work: Any, t: torch.Tensor, n: int) -> None:
+        self.work, self.t, self.n = work, t, n
+
+    def wait(self) -> None:
+        self.work.wait()
+        self.t.div_(self.n)
+
+
+class TorchTransport:
     """torch.distributed (gloo on CPU, NCCL on GPU) as the bucket transport."""
 
     def __init__(self, group: Any = None) -> None:
         self.group = group
+        self.n = dist.get_world_size(group)
 
     def alloc(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.zeros(numel, dtype=dtype, device=device)
 
-    def all_reduce_async(self, t: torch.Tensor) -> Any:
-        return dist.all_reduce(t, group=self.group, async_op=True)
+    def all_reduce_async(self, t: torch.Tensor, op: str) -> Any:
+        work = dist.all_reduce(t, group=self.group, async_op=True)
+        return _SumThenDivide(work, t, self.n) if op == "avg" else work
+
+
+class CommTransport:
+    """accelerate_c.comm (shared memory within a host, hierarchical across hosts): the flat gradient
+    buffers live in the shared segment, so a bucket's all-reduce reads peers' gradients in place (zero
+    copy) and the average is folded into the reduction (sum in rank order, then divide)."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+
+    def alloc(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return self.group.alloc(numel, dtype)
+
+    def all_reduce_async(self, t: torch.Tensor, op: str) -> Any:
+        return self.group.all_reduce_async(t, op=op)
 
 
 def make_transport(device: torch.device) -> Any:
-    if device.type == "cpu" and os.environ.get("ACCELERATE_C_TRANSPORT", "shm") == "shm":
-        try:
-            from ..comm import bucket_transport
-        except ImportError:
-            return GlooTransport()
-        t = bucket_transport()
-        if t is not None:
-            return t
-    return GlooTransport()
+    """The shared-memory path on CPU (ACCELERATE_C_COMM=torch forces torch.distributed)."""
+    if device.type == "cpu" and os.environ.get("ACCELERATE_C_COMM", "auto") != "torch":
+        from ..comm import get_group
+        return CommTransport(get_group())
+    return TorchTransport()
 
 
 @register("ddp_bucketed")
@@ -226,7 +248,10 @@ class BucketedDataParallel(DataParallel):
         self.wait_for_gradients()
         return super().get_state_dict(model, unwrap)
 
-    @contextlib.contextmanager
-    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
-        with super().no_sync(model):
-            yield
+    def close(self) -> None:
+        self.wait_for_gradients()
+        super().close()
+        if isinstance(self.transport, CommTransport):
+            from ..comm import release_groups
+            release_groups()
+        self.transport = None

@@ -6,6 +6,8 @@
 # Not for: process-group setup (state.py) or RNG helpers (utils/random.py).
 from __future__ import annotations
 
+import os
+
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,9 +47,26 @@ def _distributed() -> bool:
 
 
 # ---- the transport: one function per collective ----------------------------------------------------------
+_COMM_REDUCE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)
+
+
+def _comm(tensor: torch.Tensor) -> Any:
+    """The accelerate_c.comm group (shared memory within a host) for CPU tensors, else None (torch)."""
+    if tensor.device.type != "cpu" or os.environ.get("ACCELERATE_C_COMM", "").lower() == "torch":
+        return None
+    from ..comm import get_group
+    return get_group()
+
+
 def _all_gather_into(tensor: torch.Tensor) -> torch.Tensor:
     """Concatenate the (contiguous, same-shaped) `tensor` of every rank along dim 0, rank order."""
     world = dist.get_world_size()
+    group = _comm(tensor)
+    if group is not None:
+        out = torch.empty((world * tensor.shape[0], *tensor.shape[1:]) if tensor.dim() else (world,),
+                          dtype=tensor.dtype)
+        group.all_gather(out, tensor.contiguous())
+        return out
     if dist.get_backend() != "gloo":
         out = torch.empty(world * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
         dist.all_gather_into_tensor(out, tensor)
@@ -59,12 +78,18 @@ def _all_gather_into(tensor: torch.Tensor) -> torch.Tensor:
 
 def _all_reduce_(tensor: torch.Tensor, op: str) -> torch.Tensor:
     """In-place all-reduce; op is "sum" or "max"."""
+    group = _comm(tensor) if tensor.dtype in _COMM_REDUCE_DTYPES else None
+    if group is not None:
+        return group.all_reduce(tensor, op=op)
     dist.all_reduce(tensor, dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return tensor
 
 
 def _broadcast_(tensor: torch.Tensor, src: int) -> torch.Tensor:
     """In-place broadcast of rank `src`'s tensor."""
+    group = _comm(tensor)
+    if group is not None:
+        return group.broadcast(tensor, src=src)
     dist.broadcast(tensor, src=src)
     return tensor
 
