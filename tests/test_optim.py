@@ -261,6 +261,19 @@ def test_low_precision_copy_equals_cast(dtype):
             aopt.sgd_flat_(p, torch.zeros_like(x), None, 0.0, low_precision_out=out)
         assert torch.equal(p.view(torch.int32), x.view(torch.int32))
         assert torch.equal(out.view(torch.int16), x.to(dtype).view(torch.int16)), lv
+    # a copy big enough (>= 2M elements) for the non-temporal store path, with a bf16/fp16 gradient
+    n = (1 << 21) + 37
+    p0 = torch.randn(n, generator=g)
+    gr = torch.randn(n, generator=g).to(dtype)
+    for lv in LEVELS:
+        p, m, v = p0.clone(), torch.zeros(n), torch.zeros(n)
+        out = torch.empty(n, dtype=dtype)
+        with simd(lv):
+            aopt.adamw_flat_(p, gr, m, v, 1, 1e-2, low_precision_out=out)
+        ref_p, ref_m, ref_v = p0.clone(), torch.zeros(n), torch.zeros(n)
+        aopt.adamw_flat_(ref_p, gr.float(), ref_m, ref_v, 1, 1e-2)  # the upcast in the pass is exact
+        assert torch.equal(p, ref_p) and torch.equal(m, ref_m) and torch.equal(v, ref_v)
+        assert torch.equal(out.view(torch.int16), p.to(dtype).view(torch.int16)), lv
     # through fused_step on a real optimizer, the copy equals master.to(dtype)
     ps = make_params()
     opt = torch.optim.AdamW(ps, lr=1e-2)
@@ -278,6 +291,11 @@ def test_nan_copy_and_nonfinite_check():
     out = torch.empty(21, dtype=torch.bfloat16)
     aopt.sgd_flat_(x.clone(), torch.zeros(21), None, 0.0, low_precision_out=out)
     assert torch.isnan(out[0::3].float()).all() and torch.isnan(out[2::3].float()).all()
+    p, g = torch.randn(50), torch.randn(50)
+    g[7] = float("nan")
+    before = p.clone()
+    assert aopt.adamw_flat_(p, g, torch.zeros(50), torch.zeros(50), 1, 0.1, skip_if_nonfinite=True) is False
+    assert torch.equal(p, before)
     for lv in LEVELS:
         with simd(lv):
             for dt in (torch.float32, torch.bfloat16, torch.float16):

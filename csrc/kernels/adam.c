@@ -14,7 +14,7 @@ typedef struct {
     const void *grad;
     void *lp_out;
     acc_dtype grad_dtype, lp_dtype;
-    int scaled, maximize, wd_mode, lerp_from_end; /* wd_mode: 0 none, 1 decoupled, 2 L2 */
+    int scaled, maximize, wd_mode, lerp_from_end, nt; /* wd_mode: 0 none, 1 decoupled, 2 L2 */
     float grad_scale, lerp_coeff, beta2, one_m_beta2, decay, wd, inv_bc2_sqrt, eps, neg_step_size;
 } adam_item;
 
@@ -78,6 +78,7 @@ acc_status acc_adam_step(const acc_adam_config *cfg, const acc_adam_tensor *ts, 
     /* torch computes these in Python floats (double) and hands them to float kernels */
     float w = (float)(1.0 - cfg->beta1);
     int from_end = !(fabsf(w) < 0.5f); /* ATen lerp: weight >= 0.5 uses end - (end - start) * (1 - weight) */
+    size_t lp_total = 0;
     for (size_t k = 0; k < nt; k++) {
         const acc_adam_tensor *x = &ts[k];
         adam_item *t = &items[k];
@@ -95,7 +96,9 @@ acc_status acc_adam_step(const acc_adam_config *cfg, const acc_adam_tensor *ts, 
             .inv_bc2_sqrt = (float)(1.0 / bc2_sqrt), .eps = (float)cfg->eps, .neg_step_size = (float)(-step_size),
         };
         ns[k] = x->n;
+        lp_total += x->lp_out ? x->n : 0;
     }
+    for (size_t k = 0; k < nt; k++) items[k].nt = lp_total >= ACC_OPTIM_NT_MIN;
     acc_status st = acc_segments_parallel(ns, nt, nthreads, adam_seg, items);
     free(items);
     free(ns);

@@ -24,18 +24,23 @@ ACC_T512 static inline __m512 acc_ld_g512(const void *g, acc_dtype dt, size_t i)
     return _mm512_cvtph_ps(h);
 }
 
-ACC_T512 static inline void acc_st_lp512(void *o, acc_dtype dt, size_t i, __m512 x) {
+/* Stores 16 rounded halves. nt: non-temporal store when the destination is 32-byte aligned (the copy is not
+ * read back by this pass, so this saves the write-allocate read: 30 -> 28 B/param for Adam + bf16 copy). */
+ACC_T512 static inline void acc_st_lp512(void *o, acc_dtype dt, size_t i, __m512 x, int nt) {
     __m256i *dst = (__m256i *)((uint16_t *)o + i);
+    __m256i h;
     if (dt == ACC_BF16) {
         __m512i u = _mm512_castps_si512(x);
         __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
                                                          _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
         r = _mm512_srli_epi32(r, 16);
         r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
-        _mm256_storeu_si256(dst, _mm512_cvtepi32_epi16(r));
+        h = _mm512_cvtepi32_epi16(r);
     } else {
-        _mm256_storeu_si256(dst, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     }
+    if (nt && ((uintptr_t)dst & 31) == 0) _mm256_stream_si256(dst, h);
+    else _mm256_storeu_si256(dst, h);
 }
 
 ACC_T256 static inline __m256 acc_ld_g256(const void *g, acc_dtype dt, size_t i) {
@@ -45,19 +50,26 @@ ACC_T256 static inline __m256 acc_ld_g256(const void *g, acc_dtype dt, size_t i)
     return _mm256_cvtph_ps(h);
 }
 
-ACC_T256 static inline void acc_st_lp256(void *o, acc_dtype dt, size_t i, __m256 x) {
+ACC_T256 static inline void acc_st_lp256(void *o, acc_dtype dt, size_t i, __m256 x, int nt) {
     __m128i *dst = (__m128i *)((uint16_t *)o + i);
+    __m128i h;
     if (dt == ACC_BF16) {
         __m256i u = _mm256_castps_si256(x);
         __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
                                                          _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
         r = _mm256_srli_epi32(r, 16);
         r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
-        _mm_storeu_si128(dst, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+        h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     } else {
-        _mm_storeu_si128(dst, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     }
+    if (nt && ((uintptr_t)dst & 15) == 0) _mm_stream_si128(dst, h);
+    else _mm_storeu_si128(dst, h);
 }
 #endif
+
+/* Calls whose low-precision copies total at least this many elements use non-temporal stores for them
+ * (smaller copies may still be in cache when the next forward pass reads them). */
+#define ACC_OPTIM_NT_MIN ((size_t)1 << 21)
 
 #endif

@@ -14,7 +14,7 @@ typedef struct {
     const void *grad;
     void *lp_out;
     acc_dtype grad_dtype, lp_dtype;
-    int scaled, maximize, has_wd, init_buf, nesterov;
+    int scaled, maximize, has_wd, init_buf, nesterov, nt;
     float grad_scale, wd, momentum, one_m_damp, neg_lr;
 } sgd_item;
 
@@ -71,6 +71,7 @@ acc_status acc_sgd_step(const acc_sgd_config *cfg, const acc_sgd_tensor *ts, siz
         free(ns);
         return ACC_ERR_NOMEM;
     }
+    size_t lp_total = 0;
     for (size_t k = 0; k < nt; k++) {
         const acc_sgd_tensor *x = &ts[k];
         items[k] = (sgd_item){
@@ -82,7 +83,9 @@ acc_status acc_sgd_step(const acc_sgd_config *cfg, const acc_sgd_tensor *ts, siz
             .one_m_damp = (float)(1.0 - cfg->dampening), .neg_lr = (float)(-cfg->lr),
         };
         ns[k] = x->n;
+        lp_total += x->lp_out ? x->n : 0;
     }
+    for (size_t k = 0; k < nt; k++) items[k].nt = lp_total >= ACC_OPTIM_NT_MIN;
     acc_status st = acc_segments_parallel(ns, nt, nthreads, sgd_seg, items);
     free(items);
     free(ns);
