@@ -77,8 +77,8 @@ static int get_int(PyObject *o, int *out) {
 /* ---- adam_step --------------------------------------------------------------------------------------- */
 
 static PyObject *py_adam_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 17)
-        return PyErr_Format(PyExc_TypeError, "adam_step takes 17 positional arguments (%zd given)", nargs);
+    if (nargs != 18)
+        return PyErr_Format(PyExc_TypeError, "adam_step takes 18 positional arguments (%zd given)", nargs);
     PyObject *params = args[0], *grads = args[1], *ms = args[2], *vs = args[3], *maxs = NULL, *lps = NULL;
     PyObject *steps = args[5];
     acc_adam_config cfg;
@@ -92,7 +92,10 @@ static PyObject *py_adam_step(PyObject *module, PyObject *const *args, Py_ssize_
     cfg.decoupled = PyObject_IsTrue(args[12]);
     cfg.amsgrad = PyObject_IsTrue(args[13]);
     cfg.maximize = PyObject_IsTrue(args[14]);
-    if (cfg.decoupled < 0 || cfg.amsgrad < 0 || cfg.maximize < 0 || get_int(args[16], &nthreads) < 0) return NULL;
+    cfg.lr_is_f32_tensor = PyObject_IsTrue(args[17]);
+    if (cfg.decoupled < 0 || cfg.amsgrad < 0 || cfg.maximize < 0 || cfg.lr_is_f32_tensor < 0 ||
+        get_int(args[16], &nthreads) < 0)
+        return NULL;
     Py_ssize_t n = seq_len(params, "params");
     if (n < 0) return NULL;
     PyObject *tmp;
@@ -286,12 +289,13 @@ done:
 PyMethodDef acc_optim_methods[] = {
     {"adam_step", (PyCFunction)(void (*)(void))py_adam_step, METH_FASTCALL,
      "adam_step($module, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, low_precision_outs, lr, "
-     "beta1, beta2, eps, weight_decay, decoupled, amsgrad, maximize, grad_scale, nthreads, /)\n--\n\n"
+     "beta1, beta2, eps, weight_decay, decoupled, amsgrad, maximize, grad_scale, nthreads, lr_is_f32_tensor, /)\n--\n\n"
      "One fused Adam/AdamW step over lists of contiguous CPU tensors (fp32 params/state; fp32, bf16 or fp16 grads).\n"
      "max_exp_avg_sqs: list (amsgrad) or None. steps: list of 0-d float tensors (incremented by 1 after the\n"
      "update, torch's state['step']) or a number (the step this update makes, >= 1). low_precision_outs: None or a\n"
      "list of bf16/fp16 tensors (or None entries) that receive the updated params. Gradients are multiplied by\n"
-     "grad_scale. No non-finite check here (see grads_nonfinite)."},
+     "grad_scale. No non-finite check here (see grads_nonfinite). lr_is_f32_tensor: round lr/bc1 and 1-lr*wd in\n"
+     "float32 like torch does when the group's lr is a float32 tensor."},
     {"sgd_step", (PyCFunction)(void (*)(void))py_sgd_step, METH_FASTCALL,
      "sgd_step($module, params, grads, momentum_buffers, init_buffers, low_precision_outs, lr, momentum, dampening, "
      "weight_decay, nesterov, maximize, grad_scale, nthreads, /)\n--\n\n"

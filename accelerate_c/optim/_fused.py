@@ -150,7 +150,8 @@ def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, gra
             b1, b2 = g["betas"]
             _C.adam_step(params, grads, ms, vs, maxs, steps, lps, _num(g["lr"]), _num(b1), _num(b2), float(g["eps"]),
                          _num(g["weight_decay"]), bool(g.get("decoupled_weight_decay", default_decoupled)),
-                         bool(g["amsgrad"]), bool(g["maximize"]), scale, nthreads)
+                         bool(g["amsgrad"]), bool(g["maximize"]), scale, nthreads,
+                         isinstance(g["lr"], torch.Tensor) and g["lr"].dtype == torch.float32)
     else:
         lists = [_sgd_group_lists(opt, g, low_precision_copies) for g in groups]
         if any(x is None for x in lists):

@@ -28,7 +28,7 @@ def adamw_flat_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, 
         return False
     _C.adam_step([param], [grad], [exp_avg], [exp_avg_sq], [max_exp_avg_sq] if amsgrad else None, float(step),
                  [low_precision_out] if low_precision_out is not None else None, float(lr), float(betas[0]),
-                 float(betas[1]), float(eps), float(weight_decay), decoupled, amsgrad, maximize, scale, n)
+                 float(betas[1]), float(eps), float(weight_decay), decoupled, amsgrad, maximize, scale, n, False)
     return True
 
 

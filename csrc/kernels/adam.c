@@ -15,7 +15,7 @@ typedef struct {
     void *lp_out;
     acc_dtype grad_dtype, lp_dtype;
     int scaled, maximize, wd_mode, lerp_from_end, nt; /* wd_mode: 0 none, 1 decoupled, 2 L2 */
-    float grad_scale, lerp_coeff, beta2, one_m_beta2, decay, wd, inv_bc2_sqrt, eps, neg_step_size;
+    float grad_scale, lerp_coeff, beta2, one_m_beta2, decay, wd, bc2_sqrt, eps, neg_step_size;
 } adam_item;
 
 #define ACC_ISA 0
@@ -83,7 +83,11 @@ acc_status acc_adam_step(const acc_adam_config *cfg, const acc_adam_tensor *ts, 
         const acc_adam_tensor *x = &ts[k];
         adam_item *t = &items[k];
         double bc1 = 1.0 - pow(cfg->beta1, x->step), bc2 = 1.0 - pow(cfg->beta2, x->step);
-        double step_size = cfg->lr / bc1, bc2_sqrt = pow(bc2, 0.5);
+        double step_size = cfg->lr / bc1, bc2_sqrt = pow(bc2, 0.5), decay = 1.0 - cfg->lr * cfg->weight_decay;
+        if (cfg->lr_is_f32_tensor) {
+            step_size = (double)((float)cfg->lr / (float)bc1);
+            decay = (double)(1.0f - (float)cfg->lr * (float)cfg->weight_decay);
+        }
         *t = (adam_item){
             .param = x->param, .exp_avg = x->exp_avg, .exp_avg_sq = x->exp_avg_sq,
             .max_exp_avg_sq = cfg->amsgrad ? x->max_exp_avg_sq : NULL, .grad = x->grad,
@@ -92,8 +96,8 @@ acc_status acc_adam_step(const acc_adam_config *cfg, const acc_adam_tensor *ts, 
             .wd_mode = cfg->weight_decay == 0.0 ? 0 : (cfg->decoupled ? 1 : 2), .lerp_from_end = from_end,
             .grad_scale = (float)cfg->grad_scale, .lerp_coeff = from_end ? w - 1.0f : w,
             .beta2 = (float)cfg->beta2, .one_m_beta2 = (float)(1.0 - cfg->beta2),
-            .decay = (float)(1.0 - cfg->lr * cfg->weight_decay), .wd = (float)cfg->weight_decay,
-            .inv_bc2_sqrt = (float)(1.0 / bc2_sqrt), .eps = (float)cfg->eps, .neg_step_size = (float)(-step_size),
+            .decay = (float)decay, .wd = (float)cfg->weight_decay,
+            .bc2_sqrt = (float)bc2_sqrt, .eps = (float)cfg->eps, .neg_step_size = (float)(-step_size),
         };
         ns[k] = x->n;
         lp_total += x->lp_out ? x->n : 0;
