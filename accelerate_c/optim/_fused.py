@@ -1,0 +1,213 @@
+# _fused.py: runs one step of a torch Adam/AdamW/SGD optimizer (ours or torch's own object) with the C kernels,
+# on the optimizer's own param_groups and state (torch's layout), so state_dict, schedulers and checkpoints keep
+# working. Also the decision of which groups the kernels can take (CPU, dense, real fp32, contiguous).
+# Not for: the optimizer classes (adamw.py, sgd.py) or flat-buffer calls (flat.py).
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.optim.optimizer import _get_scalar_dtype
+
+from .. import _C
+
+_GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_LP_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def optimizer_kind(optimizer: torch.optim.Optimizer) -> str | None:
+    """'adam' or 'sgd' for torch's Adam/AdamW/SGD and our subclasses; None for anything else (a user subclass
+    of torch's classes may override step(), so only the exact classes and ours are taken)."""
+    from .adamw import Adam, AdamW
+    from .sgd import SGD
+
+    t = type(optimizer)
+    if t in (torch.optim.Adam, torch.optim.AdamW, Adam, AdamW):
+        return "adam"
+    if t in (torch.optim.SGD, SGD):
+        return "sgd"
+    return None
+
+
+def _num(x: Any) -> float:
+    return float(x.item()) if isinstance(x, torch.Tensor) else float(x)
+
+
+def group_supported(kind: str, group: dict) -> bool:
+    """True when every param with a gradient in `group` can go through the C kernels."""
+    if group.get("differentiable", False):
+        return False
+    if kind == "adam":
+        if group.get("capturable", False):
+            return False
+        b1, b2 = group["betas"]
+        if isinstance(b1, torch.Tensor) and b1.requires_grad or isinstance(b2, torch.Tensor) and b2.requires_grad:
+            return False
+    wd = group["weight_decay"]
+    if isinstance(wd, torch.Tensor) and wd.requires_grad:
+        return False
+    lr = group["lr"]
+    if isinstance(lr, torch.Tensor) and (lr.requires_grad or lr.device.type != "cpu"):
+        return False
+    for p in group["params"]:
+        g = p.grad
+        if g is None:
+            continue
+        if (p.device.type != "cpu" or p.dtype != torch.float32 or p.is_sparse or g.is_sparse
+                or g.device.type != "cpu" or g.dtype not in _GRAD_DTYPES or not p.is_contiguous()
+                or not g.is_contiguous() or g.shape != p.shape):
+            return False
+    return True
+
+
+def _state_ok(t: torch.Tensor | None, p: torch.Tensor) -> bool:
+    return t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+                         and t.shape == p.shape)
+
+
+def _lp_for(low_precision_copies: dict | None, p: torch.Tensor) -> torch.Tensor | None:
+    if not low_precision_copies:
+        return None
+    lp = low_precision_copies.get(p)
+    if lp is not None and (lp.dtype not in _LP_DTYPES or lp.device.type != "cpu" or not lp.is_contiguous()
+                           or lp.numel() != p.numel()):
+        raise ValueError("low_precision_copies: each copy must be a contiguous CPU bfloat16/float16 tensor with "
+                         "as many elements as its param")
+    return lp
+
+
+def _adam_group_lists(opt: torch.optim.Optimizer, group: dict, low_precision_copies: dict | None):
+    """Lists for one _C.adam_step call; lazily creates the state exactly like torch's _init_group. Returns None
+    when an existing state tensor cannot be used in place (the caller then falls back)."""
+    params, grads, ms, vs, maxs, steps, lps = [], [], [], [], [], [], []
+    amsgrad = group["amsgrad"]
+    for p in group["params"]:
+        if p.grad is None:
+            continue
+        state = opt.state[p]
+        if len(state) == 0:
+            state["step"] = (torch.zeros((), dtype=_get_scalar_dtype(is_fused=True), device=p.device)
+                             if group.get("fused") else torch.tensor(0.0, dtype=_get_scalar_dtype()))
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if amsgrad:
+                state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        step = state["step"]
+        mx = state.get("max_exp_avg_sq") if amsgrad else None
+        if amsgrad and mx is None:
+            return None
+        if (not isinstance(step, torch.Tensor) or step.device.type != "cpu" or step.numel() != 1
+                or step.dtype not in (torch.float32, torch.float64)
+                or not _state_ok(state["exp_avg"], p) or not _state_ok(state["exp_avg_sq"], p) or not _state_ok(mx, p)):
+            return None
+        params.append(p)
+        grads.append(p.grad)
+        ms.append(state["exp_avg"])
+        vs.append(state["exp_avg_sq"])
+        if amsgrad:
+            maxs.append(mx)
+        steps.append(step)
+        lps.append(_lp_for(low_precision_copies, p))
+    return params, grads, ms, vs, (maxs if amsgrad else None), steps, (lps if low_precision_copies else None)
+
+
+def _sgd_group_lists(opt: torch.optim.Optimizer, group: dict, low_precision_copies: dict | None):
+    params, grads, bufs, inits, lps = [], [], [], [], []
+    use_mom = group["momentum"] != 0
+    for p in group["params"]:
+        if p.grad is None:
+            continue
+        buf = None
+        if use_mom:
+            buf = opt.state[p].get("momentum_buffer")
+            if buf is not None and not _state_ok(buf, p):
+                return None
+        params.append(p)
+        grads.append(p.grad)
+        bufs.append(buf)
+        lps.append(_lp_for(low_precision_copies, p))
+    return params, grads, bufs, lps
+
+
+def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, grad_scale: float | None = None,
+               skip_if_nonfinite: bool = False, low_precision_copies: dict | None = None,
+               num_threads: int | None = None) -> bool | None:
+    """Steps `groups` of `opt` (all must pass group_supported). Returns True (stepped), None (skipped: a
+    gradient times grad_scale was inf/NaN; nothing changed) or False (a state tensor is unusable; nothing
+    changed)."""
+    nthreads = num_threads or torch.get_num_threads()
+    scale = 1.0 if grad_scale is None else _num(grad_scale)
+    if skip_if_nonfinite:
+        all_grads = [p.grad for g in groups for p in g["params"] if p.grad is not None]
+        if _C.grads_nonfinite(all_grads, scale, nthreads):
+            return None
+    if kind == "adam":
+        lists = [_adam_group_lists(opt, g, low_precision_copies) for g in groups]
+        if any(x is None for x in lists):
+            return False
+        default_decoupled = isinstance(opt, torch.optim.AdamW)
+        for g, (params, grads, ms, vs, maxs, steps, lps) in zip(groups, lists):
+            b1, b2 = g["betas"]
+            _C.adam_step(params, grads, ms, vs, maxs, steps, lps, _num(g["lr"]), _num(b1), _num(b2), float(g["eps"]),
+                         _num(g["weight_decay"]), bool(g.get("decoupled_weight_decay", default_decoupled)),
+                         bool(g["amsgrad"]), bool(g["maximize"]), scale, nthreads,
+                         isinstance(g["lr"], torch.Tensor) and g["lr"].dtype == torch.float32)
+    else:
+        lists = [_sgd_group_lists(opt, g, low_precision_copies) for g in groups]
+        if any(x is None for x in lists):
+            return False
+        for g, (params, grads, bufs, lps) in zip(groups, lists):
+            use_mom = g["momentum"] != 0
+            inits = None
+            if use_mom:
+                inits = [b is None for b in bufs]
+                for i, p in enumerate(params):
+                    if bufs[i] is None:  # torch's first step: the buffer is a clone of the gradient
+                        bufs[i] = torch.empty_like(p, memory_format=torch.contiguous_format)
+            _C.sgd_step(params, grads, bufs if use_mom else None, inits, lps, _num(g["lr"]), float(g["momentum"]),
+                        float(g["dampening"]), _num(g["weight_decay"]), bool(g["nesterov"]), bool(g["maximize"]),
+                        scale, nthreads)
+            if use_mom:
+                for p, b, new in zip(params, bufs, inits):
+                    if new:
+                        opt.state[p]["momentum_buffer"] = b
+    return True
+
+
+def fused_step(optimizer: torch.optim.Optimizer, *, grad_scale: float | torch.Tensor | None = None,
+               skip_if_nonfinite: bool = False, low_precision_copies: dict | None = None,
+               num_threads: int | None = None) -> bool | None:
+    """One step of a torch (or accelerate_c) Adam/AdamW/SGD optimizer through the fused C kernels, on its own
+    param_groups and state (torch's layout; the object stays a normal torch optimizer).
+
+    grad_scale: every gradient is multiplied by this factor inside the pass (e.g. 1/loss_scale times a clip
+    coefficient); the .grad tensors themselves are not modified.
+    skip_if_nonfinite: check all gradients (times grad_scale) first; if any is inf/NaN nothing is changed
+    (no param, state or step counter; like GradScaler skipping optimizer.step()).
+    low_precision_copies: {fp32 param: bf16/fp16 tensor of the same numel} written with the updated param in
+    the same pass (RNE, equal to param.to(dtype) on finite values).
+
+    Returns True: stepped. None: skipped because of a non-finite gradient (do NOT call optimizer.step()).
+    False: unsupported configuration (other class, non-CPU/sparse/complex/non-fp32/non-contiguous params,
+    differentiable/capturable, tensor betas with grad, step hooks registered, AMP grad_scale/found_inf
+    attributes set): nothing was done, call optimizer.step() instead. Test with `is False`.
+    """
+    kind = optimizer_kind(optimizer)
+    if kind is None:
+        return False
+    if getattr(optimizer, "grad_scale", None) is not None or getattr(optimizer, "found_inf", None) is not None:
+        return False
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+
+    if (optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks or _global_optimizer_pre_hooks
+            or _global_optimizer_post_hooks):
+        return False
+    groups = optimizer.param_groups
+    if not all(group_supported(kind, g) for g in groups):
+        return False
+    with torch.no_grad():
+        r = run_groups(optimizer, kind, groups, grad_scale=grad_scale, skip_if_nonfinite=skip_if_nonfinite,
+                       low_precision_copies=low_precision_copies, num_threads=num_threads)
+    if r:
+        optimizer._opt_called = True  # what torch's LR scheduler wrapper of step() records
+    return r

@@ -1,0 +1,169 @@
+# optimizer.py: benchmark of accelerate_c's fused CPU AdamW against torch.optim.AdamW (foreach=True and
+# fused=True) on a GPT-2-small-shaped parameter list (~124M params in 148 tensors) and on one 256M-param flat
+# buffer, plus the mixed-precision step (fp32 master + bf16 model copy) against torch's fused AdamW followed by
+# a bf16 copy pass, and a memcpy of >= 1 GiB in the same run as the bandwidth yardstick.
+# Prints ms, Gparam/s, ratios and % of the memory-traffic bound (28 B/param fp32, 30 with the bf16 copy, at the
+# memcpy bandwidth). Median of >= 5 reps, methods interleaved. --quick: small smoke run (no RESULTS.md).
+# Note: memcpy moves 1 read : 1 write, Adam 16 : 12 bytes; DRAM delivers more bandwidth to read-heavy mixes, so
+# a memory-bound Adam can show > 100 % of this memcpy-based bound.
+# Not for: correctness (tests/test_optim.py).
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from accelerate_c import _C, optim as aopt  # noqa: E402
+
+
+def gpt2_shapes(n_layer: int = 12, d: int = 768, vocab: int = 50257, ctx: int = 1024) -> list[tuple[int, ...]]:
+    shapes = [(vocab, d), (ctx, d)]
+    for _ in range(n_layer):
+        shapes += [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,), (d,), (d,), (d, 4 * d), (4 * d,), (4 * d, d), (d,)]
+    return shapes + [(d,), (d,)]
+
+
+def make(shapes):
+    ps = [torch.nn.Parameter(torch.randn(s) * 0.02) for s in shapes]
+    for p in ps:
+        p.grad = torch.randn(s if (s := p.shape) else ()) * 1e-3
+    return ps
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def bench(named: dict, reps: int) -> dict:
+    """Interleaved: every rep runs each method once; returns the median seconds per method."""
+    for f in named.values():  # warm-up (also creates optimizer state)
+        f()
+    times = {k: [] for k in named}
+    for _ in range(reps):
+        for k, f in named.items():
+            times[k].append(timed(f))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def memcpy_bw(nbytes: int, reps: int) -> float:
+    """Best-of-reps bandwidth of dst.copy_(src) (STREAM convention: best rep; read + write counted, no
+    write-allocate)."""
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    t = min(timed(lambda: dst.copy_(src)) for _ in range(reps))
+    del src, dst
+    return 2 * nbytes / t
+
+
+def report(lines: list[str], title: str, n: int, res: dict, ours: str, bpp: int, bw: float) -> None:
+    lines.append(f"{title}: {n / 1e6:.1f}M params")
+    bound = bpp * n / bw
+    for k, t in res.items():
+        extra = f"  ours is {t / res[ours]:.2f}x faster" if k != ours else \
+            f"  {100 * bound / t:.0f}% of the {bpp} B/param bound ({bound * 1e3:.1f} ms at memcpy bw)"
+        lines.append(f"  {k:34s} {t * 1e3:9.2f} ms  {n / t / 1e9:6.3f} Gparam/s{extra}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="small smoke run, nothing appended to RESULTS.md")
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--deepspeed", action="store_true",
+                    help="also time DeepSpeedCPUAdam (needs deepspeed importable; its op is JIT-built on first use)")
+    ap.add_argument("--no-results", action="store_true", help="do not append to benchmarks/RESULTS.md")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    reps = args.reps or (3 if args.quick else 7)
+    nthreads = torch.get_num_threads()
+    lines = [f"threads={nthreads} simd={_C.simd_level()} torch={torch.__version__} reps={reps} (median, interleaved)"]
+    bw = memcpy_bw((64 << 20) if args.quick else (1 << 30), reps)
+    lines.append(f"memcpy (copy_ of {'64 MiB' if args.quick else '1 GiB'}, best of {reps}): {bw / 1e9:.1f} GB/s")
+    kw = dict(lr=1e-4, weight_decay=0.01)
+
+    # 1. GPT-2-small parameter list, fp32
+    shapes = gpt2_shapes(2, 768, 5000, 256) if args.quick else gpt2_shapes()
+    ps = make(shapes)
+    n = sum(p.numel() for p in ps)
+    ours, tfused = aopt.AdamW(ps, **kw), torch.optim.AdamW(ps, fused=True, **kw)
+    named = {"accelerate_c AdamW": ours.step, "torch AdamW(fused=True)": tfused.step}
+    if args.deepspeed:
+        ds = deepspeed_adam(ps, kw, lines)
+        if ds is not None:
+            named["DeepSpeedCPUAdam"] = ds.step
+    res = bench(named, reps)
+    del named
+    gc.collect()
+    # foreach allocates large temporaries every step; timed on its own so it does not disturb the others
+    tforeach = torch.optim.AdamW(ps, foreach=True, **kw)
+    res.update(bench({"torch AdamW(foreach=True)": tforeach.step}, max(3, reps // 2)))
+    del tforeach
+    gc.collect()
+    report(lines, f"AdamW step, GPT-2-small parameter list ({len(ps)} tensors)", n, res, "accelerate_c AdamW", 28, bw)
+
+    # 2. mixed precision on the same list: fp32 master + bf16 model copy
+    lps = {p: torch.empty_like(p, dtype=torch.bfloat16) for p in ps}
+    lp_list, master = list(lps.values()), list(ps)
+
+    def torch_mp():
+        tfused.step()
+        torch._foreach_copy_(lp_list, master)
+
+    res = bench({"accelerate_c fused_step + bf16 copy": lambda: aopt.fused_step(ours, low_precision_copies=lps),
+                 "torch fused AdamW + bf16 copy_": torch_mp}, reps)
+    report(lines, "Mixed-precision AdamW step (fp32 master -> bf16 copy), GPT-2-small list", n, res,
+           "accelerate_c fused_step + bf16 copy", 30, bw)
+    del ours, tfused, ps, lps, lp_list, master
+    gc.collect()
+
+    # 3. one flat buffer
+    nflat = (8 << 20) if args.quick else (256 << 20)
+    p = torch.nn.Parameter(torch.randn(nflat) * 0.02)
+    p.grad = torch.randn(nflat) * 1e-3
+    m, v = torch.zeros(nflat), torch.zeros(nflat)
+    step = [0]
+
+    def flat():
+        step[0] += 1
+        aopt.adamw_flat_(p.data, p.grad, m, v, step[0], 1e-4, weight_decay=0.01)
+
+    tf = torch.optim.AdamW([p], fused=True, **kw)
+    res = bench({"accelerate_c adamw_flat_": flat, "torch AdamW(fused=True)": tf.step}, reps)
+    del tf
+    gc.collect()
+    te = torch.optim.AdamW([p], foreach=True, **kw)
+    res.update(bench({"torch AdamW(foreach=True)": te.step}, max(3, reps // 2)))
+    del te
+    report(lines, "AdamW step, one flat buffer", nflat, res, "accelerate_c adamw_flat_", 28, bw)
+
+    text = "\n".join(lines)
+    print(text)
+    if not args.quick and not args.no_results:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
+        with open(path, "a") as f:
+            f.write(f"\n## optimizer ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC})\n\n"
+                    f"`{' '.join([os.path.basename(sys.executable)] + sys.argv)}`\n\n```\n{text}\n```\n")
+
+
+def deepspeed_adam(ps, kw, lines):
+    try:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        return DeepSpeedCPUAdam(ps, adamw_mode=True, **kw)
+    except Exception as e:  # not installed, or its C++ op could not be JIT-built
+        lines.append(f"DeepSpeedCPUAdam unavailable: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        return None
+
+
+if __name__ == "__main__":
+    main()

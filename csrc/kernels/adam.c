@@ -1,0 +1,110 @@
+/* adam.c: fused Adam/AdamW step (see adam.h): per-tensor scalars in double, then one parallel pass over
+ * all tensors with the best SIMD path. fp-contract is off so the scalar path never fuses a*b+c behind our
+ * back: all three paths give identical bits. Not for: Python, state allocation, the non-finite pre-check. */
+#pragma GCC optimize("fp-contract=off")
+#include <math.h>
+#include <stdlib.h>
+
+#include "adam.h"
+#include "cpu.h"
+#include "optim_simd.h"
+
+typedef struct {
+    float *param, *exp_avg, *exp_avg_sq, *max_exp_avg_sq;
+    const void *grad;
+    void *lp_out;
+    acc_dtype grad_dtype, lp_dtype;
+    int scaled, maximize, wd_mode, lerp_from_end, nt; /* wd_mode: 0 none, 1 decoupled, 2 L2 */
+    float grad_scale, lerp_coeff, beta2, one_m_beta2, decay, wd, bc2_sqrt, eps, neg_step_size;
+} adam_item;
+
+#define ACC_ISA 0
+#include "optim_ops.inc"
+#include "adam_body.inc"
+#undef ACC_ISA
+#ifdef ACC_OPTIM_X86
+#define ACC_ISA 1
+#include "optim_ops.inc"
+#include "adam_body.inc"
+#undef ACC_ISA
+#define ACC_ISA 2
+#include "optim_ops.inc"
+#include "adam_body.inc"
+#undef ACC_ISA
+#endif
+
+static void adam_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
+    const adam_item *t = (const adam_item *)ctx + seg;
+#ifdef ACC_OPTIM_X86
+    acc_simd_level lvl = acc_simd_level_get();
+    if (lvl == ACC_SIMD_AVX512) { adam_range_avx512(t, lo, hi); return; }
+    if (lvl == ACC_SIMD_AVX2) { adam_range_avx2(t, lo, hi); return; }
+#endif
+    adam_range_scalar(t, lo, hi);
+}
+
+acc_status acc_adam_step(const acc_adam_config *cfg, const acc_adam_tensor *ts, size_t nt, int nthreads) {
+    if (nt == 0) return ACC_OK;
+    for (size_t k = 0; k < nt; k++) {
+        const acc_adam_tensor *x = &ts[k];
+        if (x->grad_dtype != ACC_F32 && x->grad_dtype != ACC_BF16 && x->grad_dtype != ACC_F16) {
+            acc_set_error("tensor %zu: gradient dtype %s is not supported", k, acc_dtype_name(x->grad_dtype));
+            return ACC_ERR_DTYPE;
+        }
+        if (x->lp_out && x->lp_dtype != ACC_BF16 && x->lp_dtype != ACC_F16) {
+            acc_set_error("tensor %zu: low-precision copy must be bfloat16 or float16", k);
+            return ACC_ERR_DTYPE;
+        }
+        if (cfg->amsgrad && !x->max_exp_avg_sq) {
+            acc_set_error("tensor %zu: amsgrad needs max_exp_avg_sq", k);
+            return ACC_ERR_ARG;
+        }
+        if (x->n && (!x->param || !x->grad || !x->exp_avg || !x->exp_avg_sq)) {
+            acc_set_error("tensor %zu: missing buffer", k);
+            return ACC_ERR_ARG;
+        }
+        if (!(x->step >= 1)) {
+            acc_set_error("tensor %zu: step must be >= 1 (got %g)", k, x->step);
+            return ACC_ERR_ARG;
+        }
+    }
+    adam_item *items = (adam_item *)calloc(nt, sizeof(adam_item));
+    size_t *ns = (size_t *)malloc(nt * sizeof(size_t));
+    if (!items || !ns) {
+        free(items);
+        free(ns);
+        return ACC_ERR_NOMEM;
+    }
+    /* torch computes these in Python floats (double) and hands them to float kernels */
+    float w = (float)(1.0 - cfg->beta1);
+    int from_end = !(fabsf(w) < 0.5f); /* ATen lerp: weight >= 0.5 uses end - (end - start) * (1 - weight) */
+    size_t lp_total = 0;
+    for (size_t k = 0; k < nt; k++) {
+        const acc_adam_tensor *x = &ts[k];
+        adam_item *t = &items[k];
+        double bc1 = 1.0 - pow(cfg->beta1, x->step), bc2 = 1.0 - pow(cfg->beta2, x->step);
+        double step_size = cfg->lr / bc1, bc2_sqrt = pow(bc2, 0.5), decay = 1.0 - cfg->lr * cfg->weight_decay;
+        if (cfg->lr_is_f32_tensor) {
+            step_size = (double)((float)cfg->lr / (float)bc1);
+            decay = (double)(1.0f - (float)cfg->lr * (float)cfg->weight_decay);
+        }
+        *t = (adam_item){
+            .param = x->param, .exp_avg = x->exp_avg, .exp_avg_sq = x->exp_avg_sq,
+            .max_exp_avg_sq = cfg->amsgrad ? x->max_exp_avg_sq : NULL, .grad = x->grad,
+            .lp_out = x->lp_out, .grad_dtype = x->grad_dtype, .lp_dtype = x->lp_dtype,
+            .scaled = cfg->grad_scale != 1.0, .maximize = cfg->maximize,
+            .wd_mode = cfg->weight_decay == 0.0 ? 0 : (cfg->decoupled ? 1 : 2), .lerp_from_end = from_end,
+            .grad_scale = (float)cfg->grad_scale, .lerp_coeff = from_end ? w - 1.0f : w,
+            .beta2 = (float)cfg->beta2, .one_m_beta2 = (float)(1.0 - cfg->beta2),
+            .decay = (float)decay, .wd = (float)cfg->weight_decay,
+            .bc2_sqrt = (float)bc2_sqrt, .eps = (float)cfg->eps, .neg_step_size = (float)(-step_size),
+        };
+        ns[k] = x->n;
+        lp_total += x->lp_out ? x->n : 0;
+    }
+    for (size_t k = 0; k < nt; k++) items[k].nt = lp_total >= ACC_OPTIM_NT_MIN;
+    acc_status st = acc_segments_parallel(ns, nt, nthreads, adam_seg, items);
+    free(items);
+    free(ns);
+    return st;
+}
