@@ -27,15 +27,17 @@ def _close(a, b, tol=1e-6):
         assert diff <= tol, f"{k}: max diff {diff}"
 
 
-@pytest.mark.parametrize("grad_accum,extra", [(1, []), (2, []), (1, ["--unused_param", "--optimizer", "sgd"])])
-@pytest.mark.parametrize("nproc", [2, 3])
-def test_nproc_equals_single(tmp_path, run, nproc, grad_accum, extra):
-    if nproc == 3 and (grad_accum, extra) != (1, []):
-        pytest.skip("3-process run covers the plain case; 2 processes cover the rest")
+@pytest.mark.parametrize("nproc,grad_accum,extra", [
+    (2, 1, []), (2, 2, []), (2, 1, ["--unused_param", "--optimizer", "sgd"]),
+    (3, 2, ["--unused_param"]),
+])
+@pytest.mark.parametrize("grad_sync", ["bucketed", "reference"])
+def test_nproc_equals_single(tmp_path, run, nproc, grad_accum, extra, grad_sync):
     gb = 12 if nproc == 3 else 8
-    args = ["--global_batch", str(gb), "--grad_accum", str(grad_accum), *extra]
+    args = ["--global_batch", str(gb), "--grad_accum", str(grad_accum), "--no_scheduler", *extra]
     run("parity_train.py", args + ["--out", str(tmp_path / "single")], nproc=1)
-    run("parity_train.py", args + ["--out", str(tmp_path / "multi")], nproc=nproc, launcher="accelerate_c")
+    run("parity_train.py", args + ["--out", str(tmp_path / "multi")], nproc=nproc, launcher="accelerate_c",
+        env={"ACCELERATE_C_GRAD_SYNC": grad_sync})
     _close(_load(tmp_path / "single"), _load(tmp_path / "multi"))
 
 

@@ -21,6 +21,8 @@ def main() -> None:
     p.add_argument("--shuffle", action="store_true")
     p.add_argument("--unused_param", action="store_true")
     p.add_argument("--mixed_precision", default="no")
+    p.add_argument("--no_scheduler", action="store_true",
+                   help="HF steps schedulers num_processes times per step, so N-vs-1 parity runs without one")
     args = p.parse_args()
     acc = importlib.import_module(args.impl)
     accelerator = acc.Accelerator(gradient_accumulation_steps=args.grad_accum, mixed_precision=args.mixed_precision,
@@ -48,7 +50,8 @@ def main() -> None:
         opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
+    gamma = 1.0 if args.no_scheduler else 0.7
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=gamma)
     model, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)
     losses = []
     for xb, yb in loader:
