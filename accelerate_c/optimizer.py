@@ -82,7 +82,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             except ImportError:  # extension built without the optimizer kernels
                 self.use_fused = False
             else:
-                if fused_step(self.optimizer):
+                # True: stepped; False: unsupported configuration (fall through to torch's step)
+                if fused_step(self.optimizer) is not False:
                     return None
         return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
 

@@ -241,6 +241,9 @@ def _resolve_input_dir(accelerator: Any, input_dir: Optional[str]) -> str:
         found = latest_checkpoint(root)
         if found is None:
             raise ValueError(f"No complete checkpoint_N folder found in {root}")
+        # Beyond HF: the next automatic save goes after the checkpoint we resumed from, instead of
+        # failing on "checkpoint_0 already exists" until the user sets project_configuration.iteration.
+        pc.iteration = max(pc.iteration, int(os.path.basename(found).rsplit("_", 1)[-1]) + 1)
         return found
     raise ValueError("No input_dir provided and automatic checkpoint naming is disabled.")
 
