@@ -57,14 +57,19 @@ def _c_ok(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor]) ->
     return scale is None or (scale.device.type == "cpu" and scale.numel() == 1)
 
 
-def _cast_impl(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor], want_amax: bool):
-    if not _c_ok(x, dtype, scale):
+def _cast_impl(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor], want_amax: bool,
+               out: Optional[torch.Tensor] = None):
+    if not _c_ok(x, dtype, scale) or (out is not None and not (
+            out.device.type == "cpu" and out.dtype == dtype and out.is_contiguous() and out.shape == x.shape)):
         y = _cast_torch(x, dtype, scale)
+        if out is not None:
+            y = out.copy_(y)
         return (y, _amax_torch(x)) if want_amax else y
     x = x.contiguous()
     if scale is not None and scale.dtype != torch.float32:
         scale = scale.float()
-    out = torch.empty(x.shape, dtype=dtype)
+    if out is None:
+        out = torch.empty(x.shape, dtype=dtype)
     amax = torch.empty((), dtype=torch.float32) if want_amax else None
     _C.cast(x, out, scale, amax, torch.get_num_threads())
     return (out, amax) if want_amax else out
@@ -91,17 +96,24 @@ def _(x, dtype, scale):
             x.new_empty((), dtype=torch.float32))
 
 
-def cast(x: torch.Tensor, dtype: torch.dtype, *, scale: Scale = None,
-         return_amax: bool = False) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+def cast(x: torch.Tensor, dtype: torch.dtype, *, scale: Scale = None, return_amax: bool = False,
+         out: Optional[torch.Tensor] = None) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Cast `x` (fp32/bf16/fp16) to `dtype` (fp32/bf16/fp16/float8_e4m3fn/float8_e5m2) after multiplying by
     `scale` (float or 1-element fp32 tensor) in fp32. float8 outputs saturate to +-max (NaN stays NaN).
     Bit-identical to torch's `(x.float()*scale).clamp(-max, max).to(dtype)` (fp8) / `(x.float()*scale).to(dtype)`.
     With return_amax=True also returns max|x| (before scaling) as a 0-d fp32 tensor, from the same pass
-    (NaN if x has a NaN; 0 for an empty x, where torch's x.abs().max() raises)."""
+    (NaN if x has a NaN; 0 for an empty x, where torch's x.abs().max() raises).
+    `out`: a preallocated result (same shape, `dtype`) to write into; reusing it skips the page faults of a
+    fresh allocation, which on the CPU cost more than the cast itself for big tensors."""
     s = _scale_tensor(scale)
     if _compiling():
-        return torch.ops.accelerate_c.cast_amax(x, dtype, s) if return_amax else torch.ops.accelerate_c.cast(x, dtype, s)
-    return _cast_impl(x, dtype, s, return_amax)
+        r = torch.ops.accelerate_c.cast_amax(x, dtype, s) if return_amax else torch.ops.accelerate_c.cast(x, dtype, s)
+        if out is None:
+            return r
+        if return_amax:
+            return out.copy_(r[0]), r[1]
+        return out.copy_(r)
+    return _cast_impl(x, dtype, s, return_amax, out)
 
 
 # ---- multi-tensor gradient passes ---------------------------------------------------------------------------

@@ -159,6 +159,19 @@ def test_two_threads_and_streaming_stores(level):
             assert amax.item() == math.inf
 
 
+def test_out_argument():
+    x = torch.randn(1000) * 300
+    out = torch.empty(1000, dtype=torch.float8_e4m3fn)
+    y, amax = ops.cast(x, torch.float8_e4m3fn, scale=0.5, return_amax=True, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    assert_same_bits(out, ref_cast(x, torch.float8_e4m3fn, 0.5))
+    assert_amax(amax, x)
+    strided = torch.empty(1000, 2, dtype=torch.float8_e4m3fn)[:, 0]  # non-contiguous out: torch path, same bits
+    y = ops.cast(x, torch.float8_e4m3fn, scale=0.5, out=strided)
+    assert y.data_ptr() == strided.data_ptr()
+    assert_same_bits(strided, ref_cast(x, torch.float8_e4m3fn, 0.5))
+
+
 def test_amax_nan_and_zero():
     x = torch.tensor([-0.0, 0.0, -0.0])
     _, amax = ops.cast(x, torch.float8_e4m3fn, return_amax=True)
