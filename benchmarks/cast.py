@@ -28,10 +28,13 @@ E4M3 = torch.float8_e4m3fn
 
 def run_interleaved(fns: dict, reps: int) -> dict:
     """Times every callable once per round, rounds repeated reps+1 times (the first is a warm-up), so the
-    noise of a shared box hits all of them alike (A/B interleaving). Returns {name: (median, best)} in s."""
+    noise of a shared box hits all of them alike (A/B interleaving). Each timed call follows an untimed call
+    of the same callable, so it finds the allocator as it left it (otherwise whoever allocates first after
+    another op's big temporaries were trimmed pays the page faults). Returns {name: (median, best)} in s."""
     ts = {k: [] for k in fns}
     for r in range(reps + 1):
         for k, fn in fns.items():
+            fn()
             t0 = time.perf_counter()
             fn()
             if r:
