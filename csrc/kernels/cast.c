@@ -248,8 +248,9 @@ static inline AI T256 void st256x2(void *dst, size_t i, __m256 v0, __m256 v1, co
         st128(p, bf16_256(v0, nan16), nt);
         st128(p + 8, bf16_256(v1, nan16), nt);
     } else {
-        /* two vectors of byte codes in 32-bit lanes -> 16 bytes in order (see the lane notes in the
-         * report: packus keeps 128-bit lanes, so the dwords come out as a0-3 b0-3 | a4-7 b4-7) */
+        /* two vectors a, b of byte codes in 32-bit lanes -> 16 bytes in order. packus works within 128-bit
+         * lanes, so after the two packs the dwords are [a0-3, b0-3, ..] | [a4-7, b4-7, ..]; the permute
+         * picks dwords 0, 4, 1, 5 = a0-3, a4-7, b0-3, b4-7. */
         __m256i p16 = _mm256_packus_epi32(fp8_256(v0, D), fp8_256(v1, D));
         __m256i p8 = _mm256_packus_epi16(p16, p16);
         __m256i ord = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
