@@ -21,7 +21,7 @@
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
 #define T256 __attribute__((target("avx2,fma,f16c")))
 #define BLK 2048
-#define MIN_PER_THREAD ((size_t)1 << 16)
+#define MIN_PER_THREAD ((size_t)1 << 20) /* threads are created per call: give each >= 1M elements */
 
 enum { OP_SCALE = 0, OP_NORM2 = 1, OP_NORM1 = 2, OP_NORMINF = 3 };
 
