@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+from collections import defaultdict
 from typing import Any, Callable, Iterator, Optional
 
 import torch
+from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
 
 def _to_fp32(obj: Any) -> Any:
@@ -88,7 +91,11 @@ class BF16Precision(Precision):
 
 
 class FP16Precision(Precision):
-    """fp16 autocast with dynamic loss scaling (torch.amp.GradScaler semantics, GradScalerKwargs)."""
+    """fp16 autocast with dynamic loss scaling: torch.amp.GradScaler's semantics and state (GradScalerKwargs),
+    with the CPU work done by the fused C kernels: the unscale + non-finite check is folded into the
+    optimizer pass (accelerate_c.optim.fused_step(grad_scale=1/scale, skip_if_nonfinite=True)), or, when
+    the user unscaled first (clip_grad_norm_), done by accelerate_c.ops in one pass. A step with a
+    non-finite gradient changes nothing and backs the scale off; `step` reports it as skipped."""
 
     mode = "fp16"
     autocast_dtype = torch.float16
@@ -98,21 +105,58 @@ class FP16Precision(Precision):
         kw = handlers.get("GradScalerKwargs")
         kwargs = kw.to_kwargs() if kw is not None else {}
         self.scaler = torch.amp.GradScaler(device.type, **kwargs)
+        self.use_fused = device.type == "cpu" and os.environ.get("ACCELERATE_C_FUSED_OPTIMIZER", "1") != "0"
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss)
 
+    def _state(self, optimizer: torch.optim.Optimizer) -> dict:
+        return self.scaler._per_optimizer_states[id(optimizer)]
+
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        state = self.scaler._per_optimizer_states[id(optimizer)]
-        if state["stage"].name != "UNSCALED":
+        state = self._state(optimizer)
+        if state["stage"] is OptState.UNSCALED or not self.scaler.is_enabled():
+            return
+        if not self.use_fused:
             self.scaler.unscale_(optimizer)
+            return
+        from .ops import non_finite_check_and_unscale_
+        inv_scale = self.scaler._scale.double().reciprocal().float()
+        found_inf = torch.zeros(1, dtype=torch.float32)
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+        state["found_inf_per_device"] = {found_inf.device: found_inf}
+        state["stage"] = OptState.UNSCALED
 
     def step(self, optimizer: torch.optim.Optimizer, closure: Optional[Callable] = None) -> bool:
-        scale_before = self.scaler.get_scale()
+        if not self.use_fused or closure is not None or not self.scaler.is_enabled():
+            return self._torch_step(optimizer, closure)
+        from .optim import fused_step
+        state = self._state(optimizer)
+        if state["stage"] is OptState.UNSCALED:
+            found = sum(float(v) for v in state["found_inf_per_device"].values()) > 0
+            if not found and fused_step(optimizer) is False:
+                optimizer.step()
+        else:
+            inv_scale = float(self.scaler._scale.double().reciprocal().float())
+            result = fused_step(optimizer, grad_scale=inv_scale, skip_if_nonfinite=True)
+            if result is False:  # configuration the kernels do not take: torch's GradScaler path
+                return self._torch_step(optimizer, closure)
+            found = result is None
+        self._update(found)
+        return found
+
+    def _update(self, found_inf: bool) -> None:
+        s = self.scaler
+        torch._amp_update_scale_(s._scale, s._growth_tracker, torch.tensor([1.0 if found_inf else 0.0]),
+                                 s._growth_factor, s._backoff_factor, s._growth_interval)
+        s._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+
+    def _torch_step(self, optimizer: torch.optim.Optimizer, closure: Optional[Callable]) -> bool:
         self.scaler.step(optimizer, closure) if closure is not None else self.scaler.step(optimizer)
-        found_inf = sum(v.item() for v in self.scaler._per_optimizer_states[id(optimizer)].get("found_inf_per_device", {}).values())
+        found = sum(float(v) for v in self._state(optimizer).get("found_inf_per_device", {}).values()) > 0
         self.scaler.update()
-        return bool(found_inf) or self.scaler.get_scale() < scale_before
+        return found
 
 
 PRECISIONS: dict[str, type[Precision]] = {"no": Precision, "bf16": BF16Precision, "fp16": FP16Precision}

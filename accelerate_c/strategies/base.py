@@ -77,7 +77,12 @@ class Strategy:
         """Block until gradients of the last backward are final (communication finished)."""
 
     def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads and all(g.device.type == "cpu" for g in grads):
+            from ..ops import clip_grad_norm_  # one fused norm pass + one scale pass (C)
+            return clip_grad_norm_(grads, max_norm, norm_type=norm_type)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Iterable[torch.nn.Parameter], clip_value: float) -> None:
         torch.nn.utils.clip_grad_value_(list(parameters), clip_value)
