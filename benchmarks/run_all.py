@@ -1,0 +1,33 @@
+# benchmarks/run_all.py: `make bench`: runs every benchmark in turn (each prints ours, the baseline and the
+# ratio, and appends its block to benchmarks/RESULTS.md). Run nothing else meanwhile: timings are
+# wall-clock on a shared 2-core machine. Pass --quick for a smoke run that records nothing.
+# Not for: pass/fail (no thresholds are enforced here; RESULTS.md is read by people).
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCHMARKS = ["overhead.py", "allreduce.py", "ddp_step.py", "optimizer.py", "cast.py", "convergence.py",
+              "checkpoint.py"]
+
+
+def main() -> int:
+    extra = sys.argv[1:]
+    failed = []
+    for name in BENCHMARKS:
+        path = os.path.join(HERE, name)
+        if not os.path.exists(path):
+            continue
+        print(f"\n===== {name} =====", flush=True)
+        rc = subprocess.call([sys.executable, path, *extra])
+        if rc != 0:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
