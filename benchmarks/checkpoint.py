@@ -15,6 +15,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import append_results  # noqa: E402
 from accelerate_c.checkpointing import load_state, save_state  # noqa: E402
 
 
@@ -22,7 +24,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--params-m", type=float, default=10.0, help="model size in millions of parameters")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="2M parameters, 1 rep, nothing recorded")
+    ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
+    if args.quick:
+        args.params_m, args.reps = 2.0, 1
     from accelerate import Accelerator
     width = 1024
     layers = max(1, int(args.params_m * 1e6 / (width * width + width)))
@@ -50,9 +56,15 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     n = sum(p.numel() for p in model.parameters())
     print(f"model {n / 1e6:.1f}M params ({layers} x Linear({width},{width})), AdamW state, {args.reps} reps")
+    lines = [f"model {n / 1e6:.1f}M params ({layers} x Linear({width},{width})), AdamW state, {args.reps} reps", "",
+             "| op | ours | HF | ours/HF |", "|---|---|---|---|"]
     for op in ("save", "load"):
         hf, ours = statistics.median(times[f"hf_{op}"]), statistics.median(times[f"ours_{op}"])
-        print(f"{op}_state: ours {ours * 1e3:8.1f} ms   HF {hf * 1e3:8.1f} ms   ours/HF {ours / hf:5.2f}")
+        lines.append(f"| {op}_state | {ours * 1e3:.1f} ms | {hf * 1e3:.1f} ms | {ours / hf:.2f} |")
+    lines += ["", "Ours fsyncs every file and renames atomically; HF pickles and does not fsync."]
+    print("\n".join(lines))
+    if not args.quick and not args.no_record:
+        append_results("checkpoint.py: save_state/load_state vs HF Accelerate", lines)
 
 
 if __name__ == "__main__":
