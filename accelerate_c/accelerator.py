@@ -326,6 +326,16 @@ class Accelerator(ProcessAPI, CheckpointAPI, _C.Accelerator):
     @staticmethod
     @contextlib.contextmanager
     def trigger_sync_in_backward(model: torch.nn.Module) -> Iterator[None]:
+        """Kept for API compatibility: our gradient sync runs at the end of every backward outside
+        no_sync, so there is nothing to trigger."""
+        yield
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list, even_batches: Optional[bool] = None) -> Iterator[None]:
+        """HF supports this only for multi-GPU DDP; as HF does on CPU, warn and run the block unchanged."""
+        import warnings
+        warnings.warn("Joining uneven inputs is only supported for multi-GPU training; the block runs "
+                      "without torch.distributed.algorithms.Join", UserWarning, stacklevel=3)
         yield
 
     @contextlib.contextmanager
