@@ -23,6 +23,8 @@ def main() -> None:
     p.add_argument("--mixed_precision", default="no")
     p.add_argument("--no_scheduler", action="store_true",
                    help="HF steps schedulers num_processes times per step, so N-vs-1 parity runs without one")
+    p.add_argument("--report_group", action="store_true",
+                   help="accelerate_c only: write out/group<rank>.txt naming the DDP transport and comm group")
     args = p.parse_args()
     acc = importlib.import_module(args.impl)
     accelerator = acc.Accelerator(gradient_accumulation_steps=args.grad_accum, mixed_precision=args.mixed_precision,
@@ -63,6 +65,13 @@ def main() -> None:
             sched.step()
             opt.zero_grad()
         losses.append(accelerator.gather(loss.detach().reshape(1)).mean().item())
+    if args.report_group:
+        transport = getattr(accelerator.strategy, "transport", None)
+        grp = getattr(transport, "group", None)
+        inner = getattr(grp, "inner", grp)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, f"group{accelerator.process_index}.txt"), "w") as f:
+            f.write(f"{accelerator.num_processes} {type(transport).__name__} {type(inner).__name__}")
     state = accelerator.unwrap_model(model).state_dict()
     if accelerator.is_main_process:
         from safetensors.torch import save_file
