@@ -13,17 +13,31 @@ from safetensors.torch import load_file
 CASES = [(n, s) for n in (1, 2) for s in (7, 10, 13) if not (n == 2 and s == 10)]
 
 
+_FULL: dict = {}
+
+
+def _full_run(run, tmp_path_factory, nproc, mode):
+    """The uninterrupted run, once per (processes, mode)."""
+    key = (nproc, mode)
+    if key not in _FULL:
+        out = tmp_path_factory.mktemp(f"full-{nproc}-{mode}")
+        run("resume_train.py", ["--total", "16", "--mode", mode, "--ckpt", str(out / "unused"), "--out", str(out)],
+            nproc=nproc, launcher="accelerate_c")
+        _FULL[key] = out / "w.safetensors"
+    return _FULL[key]
+
+
 @pytest.mark.parametrize("nproc,stop_at", CASES)
 @pytest.mark.parametrize("mode", ["hf", "stateful"])
-def test_resume_is_bitwise_exact(tmp_path, run, nproc, mode, stop_at):
+def test_resume_is_bitwise_exact(tmp_path, tmp_path_factory, run, nproc, mode, stop_at):
     common = ["--total", "16", "--mode", mode, "--ckpt", str(tmp_path / "ckpt")]
     launcher = "accelerate_c"
-    run("resume_train.py", common + ["--out", str(tmp_path / "full")], nproc=nproc, launcher=launcher)
+    full = _full_run(run, tmp_path_factory, nproc, mode)
     run("resume_train.py", common + ["--out", str(tmp_path / "x"), "--stop_at", str(stop_at)], nproc=nproc,
         launcher=launcher)
     assert os.path.isdir(tmp_path / "ckpt")
     run("resume_train.py", common + ["--out", str(tmp_path / "resumed"), "--resume"], nproc=nproc, launcher=launcher)
-    a = load_file(str(tmp_path / "full" / "w.safetensors"))
+    a = load_file(str(full))
     b = load_file(str(tmp_path / "resumed" / "w.safetensors"))
     for k in a:
         assert torch.equal(a[k], b[k]), f"{k} differs after resume at step {stop_at} ({mode}, {nproc} proc)"
