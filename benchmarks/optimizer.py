@@ -146,6 +146,37 @@ def main() -> None:
     res.update(bench({"torch AdamW(foreach=True)": te.step}, max(3, reps // 2)))
     del te
     report(lines, "AdamW step, one flat buffer", nflat, res, "accelerate_c adamw_flat_", 28, bw)
+    del p, m, v
+    gc.collect()
+
+    # 4. the mixed-precision step as training runs it: the bf16 model produced bf16 gradients; the fp32
+    # master is updated and written back to the bf16 model. Ours reads the bf16 gradient and writes the bf16
+    # copy inside the one pass (2 + 8 + 8 + 8 + 2 = 28 B/param); torch needs an upcast pass, the fused step
+    # and a downcast pass (6 + 28 + 6 = 40 B/param).
+    master = torch.nn.Parameter(torch.randn(nflat) * 0.02)
+    g16 = (torch.randn(nflat) * 1e-3).to(torch.bfloat16)
+    model16 = master.detach().to(torch.bfloat16)
+    m, v = torch.zeros(nflat), torch.zeros(nflat)
+    master.grad = torch.empty(nflat)
+    step = [0]
+
+    def ours_mp():
+        step[0] += 1
+        aopt.adamw_flat_(master.data, g16, m, v, step[0], 1e-4, weight_decay=0.01, low_precision_out=model16)
+
+    tf = torch.optim.AdamW([master], fused=True, **kw)
+
+    def torch_mp16():
+        master.grad.copy_(g16)
+        tf.step()
+        model16.copy_(master.detach())
+
+    res = bench({"accelerate_c adamw_flat_ bf16 in/out": ours_mp, "torch upcast + fused AdamW + downcast": torch_mp16},
+                reps)
+    report(lines, "Mixed-precision AdamW step (bf16 grads in, fp32 master, bf16 model out), one flat buffer", nflat,
+           res, "accelerate_c adamw_flat_ bf16 in/out", 28, bw)
+    del master, g16, model16, m, v, tf
+    gc.collect()
 
     text = "\n".join(lines)
     print(text)
