@@ -305,7 +305,8 @@ class Accelerator(ProcessAPI, CheckpointAPI, _C.Accelerator):
 
     # -- the training step -----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        loss = loss / self._gradient_accumulation_steps
+        if self._gradient_accumulation_steps != 1:  # x / 1 == x bit for bit: skip the extra kernel
+            loss = loss / self._gradient_accumulation_steps
         self.strategy.backward(self.precision.scale_loss(loss), **kwargs)
 
     @contextlib.contextmanager

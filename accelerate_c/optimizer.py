@@ -68,12 +68,21 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             return
         if self.strategy is not None and self.strategy.zero_grad(self.optimizer, True if set_to_none is None else set_to_none):
             return
-        if "set_to_none" in inspect.signature(self.optimizer.zero_grad).parameters:
+        if self._zero_grad_takes_set_to_none():
             self.optimizer.zero_grad(set_to_none=True if set_to_none is None else set_to_none)
         else:
             if set_to_none is not None:
                 raise ValueError("`set_to_none` for Optimizer.zero_grad` is not supported by this optimizer.")
             self.optimizer.zero_grad()
+
+    def _zero_grad_takes_set_to_none(self) -> bool:
+        # inspect.signature costs ~15 us; the answer cannot change for a given zero_grad method
+        fn = self.optimizer.zero_grad
+        key = getattr(fn, "__func__", fn)
+        if self.__dict__.get("_zg_key") is not key:
+            self._zg_key = key
+            self._zg_takes = "set_to_none" in inspect.signature(fn).parameters
+        return self._zg_takes
 
     def _inner_step(self, closure: Optional[Callable] = None) -> Any:
         if self.use_fused and closure is None:

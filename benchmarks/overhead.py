@@ -50,11 +50,13 @@ def accel_steps(n: int, state) -> float:
     return (time.perf_counter() - t) / n
 
 
-def prepared(mod_name: str):
+def prepared(mod_name: str, fused: bool = True):
     mod = __import__(mod_name)
     acc = mod.Accelerator(cpu=True)
     model, opt, x, y = make()
     model, opt = acc.prepare(model, opt)
+    if not fused:  # the wrapper alone: the user's torch AdamW runs its own step
+        opt.use_fused = False
     return acc, model, opt, x, y
 
 
@@ -76,22 +78,27 @@ def main() -> None:
     steps, rounds, ireps = (20, 3, 3) if args.quick else (100, 9, 9)
     plain = (make(),)
     ours, hf = prepared("accelerate_c"), prepared("accelerate")
-    res: dict[str, list[float]] = {"plain": [], "accelerate_c": [], "accelerate": []}
-    for _ in range(rounds):  # interleave so machine noise hits all three alike
+    ours_unfused = prepared("accelerate_c", fused=False)
+    res: dict[str, list[float]] = {"plain": [], "accelerate_c": [], "accelerate_c, fused optimizer off": [],
+                                   "accelerate": []}
+    for _ in range(rounds):  # interleave so machine noise hits all alike
         res["plain"].append(plain_steps(steps, plain[0]))
         res["accelerate_c"].append(accel_steps(steps, ours))
+        res["accelerate_c, fused optimizer off"].append(accel_steps(steps, ours_unfused))
         res["accelerate"].append(accel_steps(steps, hf))
     med = {k: statistics.median(v) * 1e3 for k, v in res.items()}
     imp = {s: import_time(s, ireps) for s in ("import torch", "import accelerate_c", "import accelerate")}
     lines = ["| what | time | vs plain / vs torch |", "|---|---|---|"]
-    for k in ("plain", "accelerate_c", "accelerate"):
+    for k in res:
         lines.append(f"| step, {k} | {med[k]:.3f} ms | {med[k] / med['plain']:.3f}x |")
     for s, t in imp.items():
         lines.append(f"| `{s}` | {t * 1e3:.0f} ms | {t / imp['import torch']:.3f}x |")
     over_ours = (med["accelerate_c"] / med["plain"] - 1) * 100
     over_hf = (med["accelerate"] / med["plain"] - 1) * 100
+    over_wrap = (med["accelerate_c, fused optimizer off"] / med["plain"] - 1) * 100
     lines.append("")
-    lines.append(f"Step overhead over the plain loop: accelerate_c {over_ours:+.1f} %, HF Accelerate {over_hf:+.1f} % "
+    lines.append(f"Step overhead over the plain loop: accelerate_c {over_ours:+.1f} % (wrapper alone, torch's "
+                 f"optimizer step: {over_wrap:+.1f} %), HF Accelerate {over_hf:+.1f} % "
                  f"(target <= 2 %); import accelerate_c / import torch = {imp['import accelerate_c'] / imp['import torch']:.3f} "
                  "(target <= 1.10). Model: 3-layer MLP 256-512-512-10, batch 64, AdamW, 1 thread.")
     print("\n".join(lines))
