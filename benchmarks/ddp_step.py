@@ -30,44 +30,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-# ---- the model (B = batch, T = sequence, C = channels, V = 256 bytes) ----------------------------------
+# ---- the model: the demo's GPT (examples/train_gpt.py), scaled up -------------------------------------
 def make_model(args):
     import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-
-    class Block(nn.Module):
-        def __init__(self, c: int, h: int) -> None:
-            super().__init__()
-            self.h = h
-            self.ln1, self.ln2 = nn.LayerNorm(c), nn.LayerNorm(c)
-            self.qkv, self.proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
-            self.fc, self.fc_out = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
-
-        def forward(self, x):
-            B, T, C = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-            q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
-            x = x + self.proj(y)
-            return x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
-
-    class GPT(nn.Module):
-        def __init__(self, c: int, n_layer: int, h: int, T: int) -> None:
-            super().__init__()
-            self.tok, self.pos = nn.Embedding(256, c), nn.Embedding(T, c)
-            self.blocks = nn.ModuleList(Block(c, h) for _ in range(n_layer))
-            self.ln_f, self.head = nn.LayerNorm(c), nn.Linear(c, 256, bias=False)
-
-        def forward(self, idx, targets):
-            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
-            for b in self.blocks:
-                x = b(x)
-            logits = self.head(self.ln_f(x))
-            return F.cross_entropy(logits.view(-1, 256), targets.reshape(-1))
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from train_gpt import GPT
 
     torch.manual_seed(args.seed)
-    return GPT(args.n_embd, args.n_layer, args.n_head, args.seq)
+    return GPT(block_size=args.seq, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
 
 
 def make_batches(args, rank: int):
