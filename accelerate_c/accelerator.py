@@ -14,20 +14,16 @@ import torch
 from . import _C
 from .checkpoint_api import CheckpointAPI
 from .optimizer import AcceleratedOptimizer
-from .precision import make_precision
+from .precision import fused_optimizer_enabled, make_precision
 from .process_api import ProcessAPI
 from .scheduler import AcceleratedScheduler
-from .state import AcceleratorState, GradientState
+from .state import AcceleratorState, GradientState, _env_flag
 from .strategies import StrategyContext, select_strategy
 from .utils.dataclasses import (DataLoaderConfiguration, GradientAccumulationPlugin, KwargsHandler,
                                 ProjectConfiguration)
 
 _MP_CODES = {"no": 0, "fp16": 1, "bf16": 2, "fp8": 3}
 _UNSET = object()
-
-
-def _env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
 
 
 class Accelerator(ProcessAPI, CheckpointAPI, _C.Accelerator):
@@ -43,9 +39,9 @@ class Accelerator(ProcessAPI, CheckpointAPI, _C.Accelerator):
                  step_scheduler_with_optimizer: bool = True, kwargs_handlers: Optional[list] = None,
                  dynamo_backend: Any = None, dynamo_plugin: Any = None, parallelism_config: Any = None,
                  deepspeed_plugins: Any = None) -> None:
-        unsupported = {"deepspeed_plugin": deepspeed_plugin or deepspeed_plugins or _env_true("ACCELERATE_USE_DEEPSPEED"),
-                       "fsdp_plugin": fsdp_plugin or _env_true("ACCELERATE_USE_FSDP"),
-                       "megatron_lm_plugin": megatron_lm_plugin or _env_true("ACCELERATE_USE_MEGATRON_LM"),
+        unsupported = {"deepspeed_plugin": deepspeed_plugin or deepspeed_plugins or _env_flag("ACCELERATE_USE_DEEPSPEED"),
+                       "fsdp_plugin": fsdp_plugin or _env_flag("ACCELERATE_USE_FSDP"),
+                       "megatron_lm_plugin": megatron_lm_plugin or _env_flag("ACCELERATE_USE_MEGATRON_LM"),
                        "torch_tp_plugin / parallelism_config": torch_tp_plugin or parallelism_config}
         for name, given in unsupported.items():
             if given:
@@ -110,7 +106,7 @@ class Accelerator(ProcessAPI, CheckpointAPI, _C.Accelerator):
         self.scaler = self.precision.scaler
         self.native_amp = self.state.mixed_precision in ("fp16", "bf16")
         self.strategy = select_strategy(StrategyContext(self.state, self.precision, self.handlers))
-        self.use_fused_optimizer = os.environ.get("ACCELERATE_C_FUSED_OPTIMIZER", "1") != "0"
+        self.use_fused_optimizer = fused_optimizer_enabled()
 
         self.flag_tensor: Optional[torch.Tensor] = None
         self._models: list = []

@@ -14,6 +14,11 @@ import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
 
+def fused_optimizer_enabled() -> bool:
+    """Whether optimizer steps may run on the fused C kernels (ACCELERATE_C_FUSED_OPTIMIZER=0 turns it off)."""
+    return os.environ.get("ACCELERATE_C_FUSED_OPTIMIZER", "1") != "0"
+
+
 def _to_fp32(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.float() if obj.dtype in (torch.float16, torch.bfloat16) else obj
@@ -105,7 +110,7 @@ class FP16Precision(Precision):
         kw = handlers.get("GradScalerKwargs")
         kwargs = kw.to_kwargs() if kw is not None else {}
         self.scaler = torch.amp.GradScaler(device.type, **kwargs)
-        self.use_fused = device.type == "cpu" and os.environ.get("ACCELERATE_C_FUSED_OPTIMIZER", "1") != "0"
+        self.use_fused = device.type == "cpu" and fused_optimizer_enabled()
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss)

@@ -62,7 +62,6 @@ class GradSync:
         self.world_size = world_size
         self.enabled = True
         self._queued = False
-        self.bytes_last_sync = 0
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
 
     def _on_grad(self, _p: torch.Tensor) -> None:
@@ -81,13 +80,11 @@ class GradSync:
             by_dtype.setdefault(p.dtype, []).append(p)
         used = torch.tensor([0.0 if p.grad is None else 1.0 for p in self.params])
         dist.all_reduce(used, group=self.group)
-        used_map = {id(p): used[i].item() > 0 for i, p in enumerate(self.params)}
-        nbytes = used.numel() * 4
+        used_map = {id(p): u for p, u in zip(self.params, (used > 0).tolist())}
         for dtype, params in by_dtype.items():
             flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
             dist.all_reduce(flat, group=self.group)
             flat.div_(self.world_size)
-            nbytes += flat.numel() * flat.element_size()
             offset = 0
             for p in params:
                 n = p.numel()
@@ -98,7 +95,6 @@ class GradSync:
                     else:
                         p.grad.copy_(view)
                 offset += n
-        self.bytes_last_sync = nbytes
 
     def remove(self) -> None:
         for h in self._handles:

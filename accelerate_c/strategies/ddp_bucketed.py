@@ -38,8 +38,7 @@ class _Bucket:
 class BucketedGradSync:
     """Flat gradient buffers, buckets and the asynchronous all-reduce of each bucket."""
 
-    def __init__(self, params: list[torch.nn.Parameter], transport: Any, world_size: int, bucket_cap_mb: float) -> None:
-        self.world_size = world_size
+    def __init__(self, params: list[torch.nn.Parameter], transport: Any, bucket_cap_mb: float) -> None:
         self.transport = transport
         self.enabled = True
         self.defer_wait = False
@@ -77,7 +76,6 @@ class BucketedGradSync:
                 off += n
             self.buckets.append(_Bucket(buf, start, off - start))
         self.counter = _C.BucketCounter(param_bucket, len(self.buckets))
-        self.bytes_per_sync = sum(b.numel * b.buffer.element_size() for b in self.buckets) + 4 * len(order)
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in order]
 
     # -- backward-time hooks ---------------------------------------------------------------------------
@@ -222,7 +220,7 @@ class BucketedDataParallel(DataParallel):
         if self.transport is None:
             self.transport = make_transport(self.state.device)
         cap = 25.0 if self.kwargs is None else float(self.kwargs.bucket_cap_mb)
-        return BucketedGradSync(params, self.transport, self.state.num_processes, cap)
+        return BucketedGradSync(params, self.transport, cap)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         for s in self._syncs:
