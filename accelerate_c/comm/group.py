@@ -7,8 +7,8 @@
 # Common interface (CollectiveGroup): all_reduce(tensor, op="sum") in place; all_reduce_async(tensor, op)
 # -> Work; reduce_scatter(output, input, op); all_gather(output, input) (flat, rank order); broadcast(tensor,
 # src) with src a rank *of the group*; barrier(); alloc(numel, dtype) (shared memory when the transport has
-# it); close(). `op` is "sum" | "avg" | "max" | "min" (or a dist.ReduceOp). Non-CPU tensors always go to
-# torch.distributed on `pg` (NCCL/gloo). ACCELERATE_C_COMM=torch forces the plain torch path.
+# it); host_group() (the ShmGroup of this host's ranks, or None); close(). `op` is "sum" | "avg" | "max" |
+# "min" (or a dist.ReduceOp). Non-CPU tensors always go to torch.distributed on `pg` (NCCL/gloo). ACCELERATE_C_COMM=torch forces the plain torch path.
 from __future__ import annotations
 
 import os
@@ -40,6 +40,7 @@ class CollectiveGroup(Protocol):
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor: ...
     def barrier(self) -> None: ...
     def alloc(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor: ...
+    def host_group(self) -> Any: ...
     def close(self) -> None: ...
 
 
@@ -93,6 +94,10 @@ class TorchGroup:
     def alloc(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.zeros(numel, dtype=dtype)
 
+    def host_group(self) -> None:
+        """No shared memory between the ranks of this group."""
+        return None
+
     def close(self) -> None:
         pass
 
@@ -132,6 +137,9 @@ class _CpuOrTorch:
 
     def alloc(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.inner.alloc(numel, dtype)
+
+    def host_group(self) -> Any:
+        return self.inner.host_group()
 
     def close(self) -> None:
         self.inner.close()

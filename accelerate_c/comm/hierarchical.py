@@ -115,5 +115,9 @@ class HierarchicalGroup:
     def alloc(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.shm.alloc(numel, dtype)
 
+    def host_group(self) -> ShmGroup:
+        """The shared-memory group of this host's ranks."""
+        return self.shm
+
     def close(self) -> None:
         self.shm.close()

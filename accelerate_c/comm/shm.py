@@ -99,7 +99,7 @@ class ShmGroup:
         self.rank = dist.get_rank(pg) if init else 0
         self.size = dist.get_world_size(pg) if init else 1
         self.timeout = float(timeout) if timeout is not None else (pg_timeout(pg) if init else 1800.0)
-        self._regions: list[tuple[mmap.mmap, torch.Tensor]] = []
+        self._regions: list[tuple[mmap.mmap, torch.Tensor, int]] = []  # (map, whole region, bytes per part)
         self._queue: Optional[queue.SimpleQueue] = None
         self._pending: list[Work] = []
         self._lock = threading.Lock()
@@ -276,9 +276,27 @@ class ShmGroup:
             os.close(fd)
         whole = torch.frombuffer(mm, dtype=torch.uint8)
         _C.shm_region_register(self._h, whole, part)
-        self._regions.append((mm, whole))
-        mine = whole[self.rank * part:self.rank * part + nbytes]
-        return mine.view(dtype)
+        self._regions.append((mm, whole, part))
+        if nbytes == 0:
+            return whole[:0].view(dtype)
+        # A storage of its own covering only this rank's bytes (torch.save of a view writes its whole storage).
+        return torch.frombuffer(mm, dtype=dtype, count=int(numel), offset=self.rank * part)
+
+    def parts(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """For a tensor from alloc() (or a contiguous slice of one): the same elements in every rank's part,
+        indexed by group rank (entry `rank` is `t` itself). Peers' parts can be read and written directly;
+        the caller orders such accesses (e.g. with barrier())."""
+        ptr, nbytes = t.data_ptr(), t.numel() * t.element_size()
+        for _mm, whole, part in self._regions:
+            off = ptr - whole.data_ptr() - self.rank * part
+            if 0 <= off and off + nbytes <= part:
+                return [whole[q * part + off:q * part + off + nbytes].view(t.dtype).view(t.shape)
+                        for q in range(self.size)]
+        raise ValueError("ShmGroup.parts: the tensor does not lie in this rank's part of a region from alloc()")
+
+    def host_group(self) -> "ShmGroup":
+        """The shared-memory group of this host's ranks: this group."""
+        return self
 
     def close(self) -> None:
         """Waits for async work, then unmaps the control segment. Tensors from alloc() stay valid."""

@@ -131,10 +131,12 @@ def _sgd_group_lists(opt: torch.optim.Optimizer, group: dict, low_precision_copi
 
 def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, grad_scale: float | None = None,
                skip_if_nonfinite: bool = False, low_precision_copies: dict | None = None,
-               num_threads: int | None = None) -> bool | None:
+               num_threads: int | None = None, shard: Any = None) -> bool | None:
     """Steps `groups` of `opt` (all must pass group_supported). Returns True (stepped), None (skipped: a
     gradient times grad_scale was inf/NaN; nothing changed) or False (a state tensor is unusable; nothing
-    changed)."""
+    changed). `shard` (strategies/sharded_step.OptimizerShard): this rank steps only its slice of each
+    parameter in the shared region, between the shard's barriers (every rank of the host must call)."""
+    cut: list = []
     nthreads = num_threads or torch.get_num_threads()
     scale = 1.0 if grad_scale is None else _num(grad_scale)
     if skip_if_nonfinite:
@@ -146,6 +148,11 @@ def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, gra
         if any(x is None for x in lists):
             return False
         default_decoupled = isinstance(opt, torch.optim.AdamW)
+        if shard is not None:
+            shard.begin()
+            for params, grads, ms, vs, maxs, steps, lps in lists:
+                cut += shard.slice_lists(opt, params, grads, {"exp_avg": ms, "exp_avg_sq": vs,
+                                                              "max_exp_avg_sq": maxs or None}, lps)
         for g, (params, grads, ms, vs, maxs, steps, lps) in zip(groups, lists):
             b1, b2 = g["betas"]
             _C.adam_step(params, grads, ms, vs, maxs, steps, lps, _num(g["lr"]), _num(b1), _num(b2), float(g["eps"]),
@@ -156,6 +163,8 @@ def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, gra
         lists = [_sgd_group_lists(opt, g, low_precision_copies) for g in groups]
         if any(x is None for x in lists):
             return False
+        if shard is not None:
+            shard.begin()
         for g, (params, grads, bufs, lps) in zip(groups, lists):
             use_mom = g["momentum"] != 0
             inits = None
@@ -164,13 +173,19 @@ def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, gra
                 for i, p in enumerate(params):
                     if bufs[i] is None:  # torch's first step: the buffer is a clone of the gradient
                         bufs[i] = torch.empty_like(p, memory_format=torch.contiguous_format)
+                        if shard is not None:  # stored now: the state keeps the whole slot, the kernel a slice
+                            opt.state[p]["momentum_buffer"] = bufs[i]
+            if shard is not None:
+                cut += shard.slice_lists(opt, params, grads, {"momentum_buffer": bufs if use_mom else None}, lps)
             _C.sgd_step(params, grads, bufs if use_mom else None, inits, lps, _num(g["lr"]), float(g["momentum"]),
                         float(g["dampening"]), _num(g["weight_decay"]), bool(g["nesterov"]), bool(g["maximize"]),
                         scale, nthreads)
-            if use_mom:
+            if use_mom and shard is None:
                 for p, b, new in zip(params, bufs, inits):
                     if new:
                         opt.state[p]["momentum_buffer"] = b
+    if shard is not None:
+        shard.end(cut)
     return True
 
 
@@ -192,9 +207,22 @@ def fused_step(optimizer: torch.optim.Optimizer, *, grad_scale: float | torch.Te
     differentiable/capturable, tensor betas with grad, step hooks registered, AMP grad_scale/found_inf
     attributes set): nothing was done, call optimizer.step() instead. Test with `is False`.
     """
+    shard = getattr(optimizer, "_accelerate_c_shard", None)
     kind = optimizer_kind(optimizer)
-    if kind is None:
-        return False
+    r: bool | None = False
+    if kind is not None and _kernels_take(optimizer, kind):
+        with torch.no_grad():
+            r = run_groups(optimizer, kind, optimizer.param_groups, grad_scale=grad_scale,
+                           skip_if_nonfinite=skip_if_nonfinite, low_precision_copies=low_precision_copies,
+                           num_threads=num_threads, shard=shard)
+    if r:
+        optimizer._opt_called = True  # what torch's LR scheduler wrapper of step() records
+    elif r is False and shard is not None:
+        shard.before_unsharded_step(optimizer)  # the caller now steps the whole optimizer on every rank
+    return r
+
+
+def _kernels_take(optimizer: torch.optim.Optimizer, kind: str) -> bool:
     if getattr(optimizer, "grad_scale", None) is not None or getattr(optimizer, "found_inf", None) is not None:
         return False
     from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
@@ -202,12 +230,4 @@ def fused_step(optimizer: torch.optim.Optimizer, *, grad_scale: float | torch.Te
     if (optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks or _global_optimizer_pre_hooks
             or _global_optimizer_post_hooks):
         return False
-    groups = optimizer.param_groups
-    if not all(group_supported(kind, g) for g in groups):
-        return False
-    with torch.no_grad():
-        r = run_groups(optimizer, kind, groups, grad_scale=grad_scale, skip_if_nonfinite=skip_if_nonfinite,
-                       low_precision_copies=low_precision_copies, num_threads=num_threads)
-    if r:
-        optimizer._opt_called = True  # what torch's LR scheduler wrapper of step() records
-    return r
+    return all(group_supported(kind, g) for g in optimizer.param_groups)

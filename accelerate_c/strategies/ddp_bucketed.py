@@ -8,6 +8,9 @@
 # clip_grad_norm_/unscale, which read gradients) waits only for what is still in flight, then divides by
 # the world size (sum, then divide, the same on every rank, so ranks stay bitwise identical).
 # Parameters no rank used in a step get grad None, as in the single-process loop.
+# Over shared memory the optimizer step itself is split between the host's ranks (sharded_step.py):
+# parameters and optimizer state move into shared regions at prepare, each rank updates its slice and
+# writes it into its peers' copies (ACCELERATE_C_SHARDED_STEP=0 turns this off).
 # Not for: the transport (accelerate_c.comm) or the reference path (strategies/ddp.py).
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import torch.distributed as dist
 from .. import _C
 from . import register
 from .ddp import DataParallel, DataParallelModule
+from .sharded_step import OptimizerShard, ParamShards, state_keys
 
 FIRST_BUCKET_BYTES = 1 << 20
 
@@ -215,6 +219,40 @@ class BucketedDataParallel(DataParallel):
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         self.transport: Optional[Any] = None
+        self._param_shards: list[ParamShards] = []
+        self._opt_shards: list[tuple[torch.optim.Optimizer, OptimizerShard]] = []
+
+    def _host_group(self) -> Optional[Any]:
+        """The host's shm group when the optimizer step can be split over it, else None."""
+        from ..precision import fused_optimizer_enabled
+
+        if not isinstance(self.transport, CommTransport) or not fused_optimizer_enabled():
+            return None
+        if os.environ.get("ACCELERATE_C_SHARDED_STEP", "1") == "0":
+            return None
+        host = self.transport.group.host_group()
+        return host if host is not None and host.size > 1 else None
+
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
+        wrapped = super().prepare_model(model, device_placement, evaluation_mode)
+        host = None if evaluation_mode else self._host_group()
+        if host is not None:
+            params = [p for p in wrapped.module.parameters() if p.requires_grad]
+            self._param_shards.append(ParamShards(params, host))
+        return wrapped
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        # Split the step only when one prepared model holds every parameter of the optimizer (decided
+        # identically on every rank: the region allocation below is collective).
+        keys = state_keys(optimizer)
+        params = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        for shards in self._param_shards:
+            if keys is not None and params and params <= shards.offset.keys():
+                shard = OptimizerShard(optimizer, shards, keys)
+                optimizer._accelerate_c_shard = shard
+                self._opt_shards.append((optimizer, shard))
+                break
+        return optimizer
 
     def make_sync(self, params: list[torch.nn.Parameter]) -> BucketedGradSync:
         if self.transport is None:
@@ -256,6 +294,11 @@ class BucketedDataParallel(DataParallel):
 
     def close(self) -> None:
         self.wait_for_gradients()
+        for opt, shard in self._opt_shards:
+            shard.refresh(opt)  # every rank's state complete before the regions' group goes away
+            shard.remove()
+            opt.__dict__.pop("_accelerate_c_shard", None)
+        self._opt_shards, self._param_shards = [], []
         super().close()
         if isinstance(self.transport, CommTransport):
             from ..comm import release_groups

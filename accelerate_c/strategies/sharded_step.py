@@ -1,0 +1,185 @@
+# accelerate_c/strategies/sharded_step.py: the optimizer step of data parallelism split between the ranks
+# of one host (ZeRO-1 inside DDP, invisible to the user). Every rank keeps its own full copy of the
+# parameters and of the optimizer state, as in torch DDP, but they live in shared-memory regions (each
+# rank its own part, at the same offset). Gradients are already averaged and identical on every rank, so
+# instead of N ranks repeating the same update, rank r updates only its slice [lo_r, hi_r) of the flat
+# parameter space (params and state) and then writes its updated params into every peer's part:
+#     barrier A (nobody still reads params) -> step own slice -> push own param slice to peers -> barrier B
+# Each rank's state is current only in its own slice; optimizer.state_dict() (a torch pre-hook) first
+# copies the peers' slices from their parts (no collective: peers only write state between A and B).
+# The update is elementwise, so results are bitwise those of the unsplit step.
+# Used by strategies/ddp_bucketed.py through optim._fused.run_groups (optimizer._accelerate_c_shard).
+# Not for: gradient communication (ddp_bucketed.py) or the kernels (optim/).
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+ALIGN = 16  # elements: slice boundaries on 64-byte lines, so two ranks never write the same cache line
+
+
+class ParamShards:
+    """The model's fp32 CPU parameters moved into one shared region (per-rank parts) and the split of the
+    flat parameter space between the local ranks. `shm` is the host-local ShmGroup."""
+
+    def __init__(self, params: list[torch.nn.Parameter], shm: Any) -> None:
+        self.shm = shm
+        self.rank, self.size = shm.rank, shm.size
+        mine = [p for p in params if p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous()]
+        self.total = sum(p.numel() for p in mine)
+        self.flat = shm.alloc(max(self.total, 1), torch.float32)
+        self.parts = shm.parts(self.flat)
+        self.offset: dict[int, int] = {}
+        self.params: list[torch.nn.Parameter] = []
+        off = 0
+        with torch.no_grad():
+            for p in mine:
+                n = p.numel()
+                view = self.flat[off:off + n].view_as(p)
+                view.copy_(p)
+                p.data = view
+                self.offset[id(p)] = off
+                self.params.append(p)
+                off += n
+        per = -(-self.total // self.size)
+        per = -(-per // ALIGN) * ALIGN
+        self.bounds = [(min(q * per, self.total), min((q + 1) * per, self.total)) for q in range(self.size)]
+        self.lo, self.hi = self.bounds[self.rank]
+
+    def local_range(self, p: torch.Tensor) -> Optional[tuple[int, int]]:
+        """This rank's element range [a, b) inside `p`, or None when `p` is not (or no longer) in the region
+        (then every rank steps it whole)."""
+        off = self.offset.get(id(p))
+        if off is None or p.data_ptr() != self.flat[off:off + 1].data_ptr():
+            return None
+        n = p.numel()
+        a, b = max(self.lo, off), min(self.hi, off + n)
+        return (a - off, b - off) if b > a else (0, 0)
+
+    def push(self, stepped: list[tuple[torch.Tensor, int, int]]) -> None:
+        """Copies the slices this rank updated ((param, a, b) element ranges) into every peer's part. Only
+        those: a parameter stepped whole is stepped by every rank in its own part, and a write into a peer's
+        part while the peer still reads that parameter would update it twice."""
+        mine = self.parts[self.rank]
+        for p, a, b in stepped:
+            if b <= a:
+                continue
+            off = self.offset[id(p)]
+            for q, part in enumerate(self.parts):
+                if q != self.rank:
+                    part[off + a:off + b].copy_(mine[off + a:off + b])
+
+
+class OptimizerShard:
+    """One optimizer's state in a shared region (per-rank parts, one slot per state key and param), and
+    the step protocol. Attached to the optimizer as `_accelerate_c_shard`; run_groups uses it."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, shards: ParamShards, keys: tuple[str, ...]) -> None:
+        self.shards = shards
+        self.keys = keys
+        self.stale = False  # True once a sharded step left other ranks' slices of our state out of date
+        total = shards.total
+        self.flat = shards.shm.alloc(max(total * len(keys), 1), torch.float32)
+        self.parts = shards.shm.parts(self.flat)
+        self._hook = optimizer.register_state_dict_pre_hook(lambda opt: self.refresh(opt))
+
+    # -- state placement -----------------------------------------------------------------------------------
+    def _slot(self, k: int, off: int, n: int, part: Optional[torch.Tensor] = None) -> torch.Tensor:
+        base = (self.flat if part is None else part)
+        start = k * self.shards.total + off
+        return base[start:start + n]
+
+    def adopt(self, optimizer: torch.optim.Optimizer, p: torch.Tensor) -> bool:
+        """Moves p's state tensors into their slots (a fresh state, or one torch's load_state_dict replaced);
+        every rank holds the full state at that moment, so each copies its own. False when the state holds
+        a tensor we have no slot for (then p is stepped whole on every rank)."""
+        off = self.shards.offset[id(p)]
+        state = optimizer.state.get(p)
+        if not state:
+            return True
+        if any(isinstance(t, torch.Tensor) and key != "step" and key not in self.keys for key, t in state.items()):
+            return False
+        for k, key in enumerate(self.keys):
+            t = state.get(key)
+            if t is None:
+                continue
+            slot = self._slot(k, off, p.numel()).view_as(p)
+            if t.data_ptr() != slot.data_ptr():
+                slot.copy_(t)
+                state[key] = slot
+        return True
+
+    def slice_lists(self, optimizer: torch.optim.Optimizer, params: list, grads: list, state_lists: dict,
+                    lps: Optional[list]) -> list[tuple[torch.Tensor, int, int]]:
+        """Cuts every kernel-list entry down to this rank's range. `state_lists` maps a state key to its
+        list (entries None where that state is absent). Returns the (param, a, b) ranges cut."""
+        cut = []
+        for i, p in enumerate(params):
+            rng = self.shards.local_range(p) if lps is None or lps[i] is None else None
+            if rng is None or not self.adopt(optimizer, p):
+                continue
+            a, b = rng
+            state = optimizer.state.get(p, {})
+            params[i] = p.detach().view(-1)[a:b]
+            grads[i] = grads[i].view(-1)[a:b]
+            for key, lst in state_lists.items():
+                if lst is not None and lst[i] is not None:
+                    lst[i] = state[key].view(-1)[a:b]
+            cut.append((p, a, b))
+        return cut
+
+    def refresh(self, optimizer: torch.optim.Optimizer) -> None:
+        """Completes this rank's copy of the state with the peers' slices (read from their parts)."""
+        if not self.stale:
+            return
+        sh = self.shards
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                off = sh.offset.get(id(p))
+                state = optimizer.state.get(p)
+                if off is None or not state:
+                    continue
+                n = p.numel()
+                for k, key in enumerate(self.keys):
+                    t = state.get(key)
+                    if t is None or t.data_ptr() != self._slot(k, off, n).data_ptr():
+                        continue
+                    for q, (lo, hi) in enumerate(sh.bounds):
+                        a, b = max(lo, off), min(hi, off + n)
+                        if q != sh.rank and b > a:
+                            self._slot(k, a, b - a).copy_(self._slot(k, a, b - a, self.parts[q]))
+        self.stale = False
+
+    # -- the step ------------------------------------------------------------------------------------------
+    def begin(self) -> None:
+        self.shards.shm.barrier()  # A: no peer still reads its parameters (we write into its part)
+
+    def end(self, stepped: list[tuple[torch.Tensor, int, int]]) -> None:
+        self.shards.push(stepped)
+        self.shards.shm.barrier()  # B: every slice is in every part before anyone's next forward
+        self.stale = self.shards.size > 1
+
+    def before_unsharded_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Every rank is about to step the whole optimizer itself (a configuration the kernels do not take):
+        complete the state first, and wait so no rank overwrites a slice a peer is still reading."""
+        if self.stale:
+            self.refresh(optimizer)
+            self.shards.shm.barrier()
+
+    def remove(self) -> None:
+        self._hook.remove()
+
+
+def state_keys(optimizer: torch.optim.Optimizer) -> Optional[tuple[str, ...]]:
+    """The per-parameter state tensors the fused kernels keep for this optimizer, or None when the sharded
+    step cannot apply (another optimizer class)."""
+    from ..optim._fused import optimizer_kind
+
+    kind = optimizer_kind(optimizer)
+    if kind == "adam":
+        amsgrad = any(g.get("amsgrad", False) for g in optimizer.param_groups)
+        return ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ())
+    if kind == "sgd":
+        return ("momentum_buffer",) if any(g.get("momentum", 0) != 0 for g in optimizer.param_groups) else ()
+    return None

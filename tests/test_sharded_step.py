@@ -1,0 +1,53 @@
+# tests/test_sharded_step.py: the optimizer step split between the ranks of a host (sharded_step.py) gives
+# bit for bit what every rank stepping everything gives (ACCELERATE_C_SHARDED_STEP=0): every step's
+# parameters, the final parameters on every rank, the optimizer state_dict, skipped fp16 steps; over
+# AdamW, Adam+amsgrad with param groups, SGD (nesterov momentum, plain), an optimizer holding a parameter
+# outside the model (not split), an unused parameter, a state reload and a step through torch's optimizer.
+# Not for: N processes vs one process (test_parity.py covers that with the split step on).
+import os
+
+import pytest
+import torch
+
+CONFIGS = ["adamw", "adam_amsgrad_groups", "sgd_nesterov", "sgd", "adamw_outside_param"]
+
+
+def _load(out, name, rank):
+    return torch.load(os.path.join(out, f"{name}.rank{rank}.pt"), weights_only=False)
+
+
+def _same(a, b, where):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} vs {b!r}"
+
+
+@pytest.mark.parametrize("nproc,precision,configs", [
+    (2, "no", CONFIGS), (3, "no", ["adamw", "sgd_nesterov"]), (2, "fp16", ["adamw", "sgd_nesterov"]),
+])
+def test_split_step_equals_unsplit(tmp_path, run, nproc, precision, configs):
+    args = ["--precision", precision, "--configs", ",".join(configs)]
+    run("sharded_step.py", args + ["--out", str(tmp_path / "split")], nproc=nproc, launcher="accelerate_c")
+    run("sharded_step.py", args + ["--out", str(tmp_path / "whole")], nproc=nproc, launcher="accelerate_c",
+        env={"ACCELERATE_C_SHARDED_STEP": "0"})
+    for name in configs:
+        ref = _load(tmp_path / "whole", name, 0)
+        assert not ref["sharded"]
+        for r in range(nproc):
+            got = _load(tmp_path / "split", name, r)
+            assert got["sharded"] == (name != "adamw_outside_param"), name
+            _same(got["sums"], ref["sums"], f"{name} rank {r} per-step sums")
+            _same(got["params"], ref["params"], f"{name} rank {r} params")
+            _same(got["skipped"], ref["skipped"], f"{name} rank {r} skipped steps")
+        _same(_load(tmp_path / "split", name, 0)["optimizer"], ref["optimizer"], f"{name} optimizer state_dict")
+        if precision == "fp16":
+            assert any(ref["skipped"]) and not all(ref["skipped"]), ref["skipped"]
