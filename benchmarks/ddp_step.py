@@ -1,7 +1,9 @@
 # benchmarks/ddp_step.py: what data parallelism costs per training step on CPU (issue 3). A GPT-style
 # byte-level model (~19M parameters) trained with AdamW at a small per-process batch (so communication
 # matters), 2 processes of 1 thread each:
-#   (a) ours:  `python -m accelerate_c launch --num_processes 2` (bucketed shm all-reduce, overlapped)
+#   (a) ours:  `python -m accelerate_c launch --num_processes 2` (bucketed shm all-reduce, overlapped, the
+#              optimizer step split between the 2 ranks); also run with the split off
+#              (ACCELERATE_C_SHARDED_STEP=0: every rank steps every parameter, as torch DDP does)
 #   (b) hf:    HF Accelerate 1.15 via `torch.distributed.run --nproc_per_node 2`, ACCELERATE_USE_CPU=1
 #              (torch DDP on gloo, bucket_cap_mb 25)
 #   (c) alone: the same per-process work with no communication: two independent single-process copies
@@ -130,9 +132,11 @@ def launch(kind: str, args, tmp: str) -> list[dict]:
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("ACCELERATE_USE_CPU", None)
     out = os.path.join(tmp, f"{kind}-{time.monotonic_ns()}")
-    script = [os.path.abspath(__file__), "--worker", kind, "--out", out, *worker_args(args)]
+    script = [os.path.abspath(__file__), "--worker", kind.split("_")[0], "--out", out, *worker_args(args)]
     py = sys.executable
-    if kind == "ours":
+    if kind == "ours_nosplit":
+        env["ACCELERATE_C_SHARDED_STEP"] = "0"
+    if kind in ("ours", "ours_nosplit"):
         cmds = [[py, "-m", "accelerate_c", "launch", "--cpu", "--num_processes", "2",
                  "--main_process_port", str(free_port()), *script]]
     elif kind == "hf":
@@ -167,7 +171,7 @@ def main() -> None:
     p.add_argument("--n_embd", type=int, default=512)
     p.add_argument("--n_head", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--paired", type=int, default=12, help="after the timed steps, N synced and N no_sync "
+    p.add_argument("--paired", type=int, default=0, help="after the timed steps, N synced and N no_sync "
                    "steps alternating in the same processes (a noise-robust second estimate of the cost)")
     p.add_argument("--bucket_mb", type=float, default=0, help="DistributedDataParallelKwargs(bucket_cap_mb) "
                    "for both; 0 = each library's default")
@@ -180,7 +184,7 @@ def main() -> None:
     if args.quick:
         args.rounds, args.steps, args.warmup, args.paired = 1, 6, 2, min(args.paired, 4)
 
-    res: dict[str, list[float]] = {"ours": [], "hf": [], "alone_ours": [], "alone_torch": []}
+    res: dict[str, list[float]] = {"ours": [], "ours_nosplit": [], "hf": [], "alone_ours": [], "alone_torch": []}
     paired: dict[str, list[float]] = {"ours": [], "hf": []}
     losses_ok, max_diff, params = True, 0.0, 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -189,14 +193,16 @@ def main() -> None:
             res["alone_ours"].append(statistics.median([step_median(c["times_ours"], args.warmup) for c in alone]))
             res["alone_torch"].append(statistics.median([step_median(c["times_torch"], args.warmup) for c in alone]))
             ours = launch("ours", args, tmp)
+            nosplit = launch("ours_nosplit", args, tmp)
             hf = launch("hf", args, tmp)
             assert ours[0]["nproc"] == 2 and hf[0]["nproc"] == 2, "a run did not use 2 processes"
             res["ours"].append(step_median(ours[0]["times"], args.warmup))
+            res["ours_nosplit"].append(step_median(nosplit[0]["times"], args.warmup))
             res["hf"].append(step_median(hf[0]["times"], args.warmup))
             if args.paired:
                 for k, v in (("ours", ours[0]), ("hf", hf[0])):
                     paired[k].append(statistics.median(v["paired_sync"]) - statistics.median(v["paired_local"]))
-            for a, b in zip(ours, hf):
+            for a, b in list(zip(ours, hf)) + list(zip(nosplit, hf)):
                 d = max(abs(x - y) for x, y in zip(a["losses"], b["losses"]))
                 max_diff = max(max_diff, d)
             params = ours[0]["params"]
@@ -204,32 +210,42 @@ def main() -> None:
                   + "".join(f", paired cost {k} {v[-1] * 1e3:.1f} ms" for k, v in paired.items() if v), flush=True)
     losses_ok = max_diff <= 1e-5
     med = {k: statistics.median(v) for k, v in res.items()}
-    cost_ours, cost_hf = med["ours"] - med["alone_ours"], med["hf"] - med["alone_torch"]
-    ratio = cost_ours / cost_hf if cost_hf > 0 else float("nan")
+    cost = {"ours": med["ours"] - med["alone_ours"], "ours_nosplit": med["ours_nosplit"] - med["alone_ours"],
+            "hf": med["hf"] - med["alone_torch"]}
+    per_round = {k: [a - b for a, b in zip(res[k], res["alone_torch" if k == "hf" else "alone_ours"])] for k in cost}
+
+    def ratio(x: float, y: float) -> str:
+        return f"{x / y:.3f}" if y > 0 else "n/a (HF's cost <= 0 in this run)"
+
     nbytes = params * 4
     spread = {k: f"{min(v) * 1e3:.1f}-{max(v) * 1e3:.1f}" for k, v in res.items()}
     lines = [
         f"GPT {args.n_layer}x{args.n_embd} ({params / 1e6:.2f}M params), AdamW, per-process batch {args.batch}x{args.seq}, "
         f"2 processes x 1 thread, {args.steps} timed steps after {args.warmup} warm-up, {args.rounds} interleaved "
-        "round(s); t_alone = 2 independent single-process copies at once (no communication).",
+        "round(s); t_alone = 2 independent single-process copies at once (no communication, each steps all "
+        "parameters).",
         "",
         "| run | median step ms | spread over rounds (ms) | cost vs t_alone ms |",
         "|---|---|---|---|",
-        f"| accelerate_c, 2 procs (shm, bucketed) | {med['ours'] * 1e3:.1f} | {spread['ours']} | {cost_ours * 1e3:.1f} |",
-        f"| HF Accelerate 1.15, 2 procs (torch DDP, gloo) | {med['hf'] * 1e3:.1f} | {spread['hf']} | {cost_hf * 1e3:.1f} |",
+        f"| accelerate_c, 2 procs (shm, bucketed, split optimizer step) | {med['ours'] * 1e3:.1f} | {spread['ours']} | {cost['ours'] * 1e3:.1f} |",
+        f"| accelerate_c, 2 procs, split off (ACCELERATE_C_SHARDED_STEP=0) | {med['ours_nosplit'] * 1e3:.1f} | {spread['ours_nosplit']} | {cost['ours_nosplit'] * 1e3:.1f} |",
+        f"| HF Accelerate 1.15, 2 procs (torch DDP, gloo) | {med['hf'] * 1e3:.1f} | {spread['hf']} | {cost['hf'] * 1e3:.1f} |",
         f"| t_alone, accelerate_c optimizer | {med['alone_ours'] * 1e3:.1f} | {spread['alone_ours']} | |",
         f"| t_alone, torch optimizer | {med['alone_torch'] * 1e3:.1f} | {spread['alone_torch']} | |",
         "",
-        f"- our cost / HF cost: {ratio:.3f} (target <= 0.15)",
-        f"- per-round costs (step - t_alone of the same round), ms: ours "
-        f"[{', '.join(f'{(a - b) * 1e3:.1f}' for a, b in zip(res['ours'], res['alone_ours']))}], HF "
-        f"[{', '.join(f'{(a - b) * 1e3:.1f}' for a, b in zip(res['hf'], res['alone_torch']))}]; ratio of their "
-        f"medians {statistics.median(a - b for a, b in zip(res['ours'], res['alone_ours'])) / max(1e-9, statistics.median(a - b for a, b in zip(res['hf'], res['alone_torch']))):.3f}",
-        f"- ours / t_alone: {med['ours'] / med['alone_ours']:.3f} (target <= 1.1); "
-        f"HF / t_alone: {med['hf'] / med['alone_torch']:.3f}",
+        f"- our cost / HF cost: {ratio(cost['ours'], cost['hf'])} (target <= 0.15; a negative cost means the "
+        "2-rank step beats t_alone: each rank steps half the parameters); split off: "
+        f"{ratio(cost['ours_nosplit'], cost['hf'])}",
+        "- per-round costs (step - t_alone of the same round), ms: "
+        + "; ".join(f"{k} [{', '.join(f'{v * 1e3:.1f}' for v in per_round[k])}]" for k in cost)
+        + f"; ratio of the per-round medians: ours {ratio(statistics.median(per_round['ours']), statistics.median(per_round['hf']))}, "
+        f"split off {ratio(statistics.median(per_round['ours_nosplit']), statistics.median(per_round['hf']))}",
+        f"- ours / t_alone: {med['ours'] / med['alone_ours']:.3f} (target <= 1.1); split off "
+        f"{med['ours_nosplit'] / med['alone_ours']:.3f}; HF / t_alone: {med['hf'] / med['alone_torch']:.3f}",
         f"- bytes all-reduced per step per rank: {nbytes / 1e6:.1f} MB of fp32 gradients "
-        f"(+ {4 * sum(1 for _ in make_model(args).parameters())} B used-mask for ours)",
-        f"- per-step losses ours vs HF: max |diff| {max_diff:.2e} ({'match' if losses_ok else 'MISMATCH'} at 1e-5)",
+        f"(+ {4 * sum(1 for _ in make_model(args).parameters())} B used-mask for ours); with the split step each "
+        f"rank also writes its updated half of the parameters ({nbytes / 2e6:.1f} MB) into its peer's copy",
+        f"- per-step losses ours (both) vs HF: max |diff| {max_diff:.2e} ({'match' if losses_ok else 'MISMATCH'} at 1e-5)",
     ]
     if args.paired:
         po, ph = statistics.median(paired["ours"]), statistics.median(paired["hf"])

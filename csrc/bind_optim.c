@@ -77,9 +77,10 @@ static int get_int(PyObject *o, int *out) {
 /* ---- adam_step --------------------------------------------------------------------------------------- */
 
 static PyObject *py_adam_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 18)
-        return PyErr_Format(PyExc_TypeError, "adam_step takes 18 positional arguments (%zd given)", nargs);
+    if (nargs != 18 && nargs != 19)
+        return PyErr_Format(PyExc_TypeError, "adam_step takes 18 or 19 positional arguments (%zd given)", nargs);
     PyObject *params = args[0], *grads = args[1], *ms = args[2], *vs = args[3], *maxs = NULL, *lps = NULL;
+    PyObject *mirrors = NULL;
     PyObject *steps = args[5];
     acc_adam_config cfg;
     int nthreads = 1, step_list = 0;
@@ -104,7 +105,8 @@ static PyObject *py_adam_step(PyObject *module, PyObject *const *args, Py_ssize_
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "grads, exp_avgs and exp_avg_sqs are required");
         return NULL;
     }
-    if (opt_list(args[4], n, "max_exp_avg_sqs", &maxs) < 0 || opt_list(args[6], n, "low_precision_outs", &lps) < 0)
+    if (opt_list(args[4], n, "max_exp_avg_sqs", &maxs) < 0 || opt_list(args[6], n, "low_precision_outs", &lps) < 0 ||
+        (nargs == 19 && opt_list(args[18], n, "mirrors", &mirrors) < 0))
         return NULL;
     if (cfg.amsgrad && !maxs) return PyErr_Format(PyExc_ValueError, "amsgrad needs max_exp_avg_sqs");
     if (PyList_Check(steps) || PyTuple_Check(steps)) {
@@ -144,6 +146,9 @@ static PyObject *py_adam_step(PyObject *module, PyObject *const *args, Py_ssize_
             }
             x->lp_dtype = t.dtype;
         }
+        if (mirrors && seq_item(mirrors, i) != Py_None &&
+            !(x->mirror = borrow_item(module, mirrors, i, "mirrors", ACC_F32, numel, &t)))
+            goto fail;
         if (step_list) {
             if (!borrow_item(module, steps, i, "steps", -1, 1, &st_t[i])) goto fail;
             if (st_t[i].dtype == ACC_F32) x->step = (double)*(float *)st_t[i].data + 1.0;
@@ -181,8 +186,9 @@ fail:
 /* ---- sgd_step ---------------------------------------------------------------------------------------- */
 
 static PyObject *py_sgd_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 13) return PyErr_Format(PyExc_TypeError, "sgd_step takes 13 positional arguments (%zd given)", nargs);
-    PyObject *params = args[0], *grads = args[1], *bufs = NULL, *inits = NULL, *lps = NULL, *tmp;
+    if (nargs != 13 && nargs != 14)
+        return PyErr_Format(PyExc_TypeError, "sgd_step takes 13 or 14 positional arguments (%zd given)", nargs);
+    PyObject *params = args[0], *grads = args[1], *bufs = NULL, *inits = NULL, *lps = NULL, *mirrors = NULL, *tmp;
     acc_sgd_config cfg;
     int nthreads = 1;
     if (get_double(args[5], &cfg.lr, "lr") < 0 || get_double(args[6], &cfg.momentum, "momentum") < 0 ||
@@ -198,7 +204,8 @@ static PyObject *py_sgd_step(PyObject *module, PyObject *const *args, Py_ssize_t
     if (opt_list(grads, n, "grads", &tmp) < 0) return NULL;
     if (!tmp) return PyErr_Format(PyExc_TypeError, "grads is required");
     if (opt_list(args[2], n, "momentum_buffers", &bufs) < 0 || opt_list(args[3], n, "init_buffers", &inits) < 0 ||
-        opt_list(args[4], n, "low_precision_outs", &lps) < 0)
+        opt_list(args[4], n, "low_precision_outs", &lps) < 0 ||
+        (nargs == 14 && opt_list(args[13], n, "mirrors", &mirrors) < 0))
         return NULL;
     if (cfg.momentum != 0.0 && !bufs) return PyErr_Format(PyExc_ValueError, "momentum != 0 needs momentum_buffers");
     acc_sgd_tensor *ts = (acc_sgd_tensor *)calloc(n ? (size_t)n : 1, sizeof(acc_sgd_tensor));
@@ -231,6 +238,9 @@ static PyObject *py_sgd_step(PyObject *module, PyObject *const *args, Py_ssize_t
             }
             x->lp_dtype = t.dtype;
         }
+        if (mirrors && seq_item(mirrors, i) != Py_None &&
+            !(x->mirror = borrow_item(module, mirrors, i, "mirrors", ACC_F32, numel, &t)))
+            goto fail;
     }
     acc_status st;
     Py_BEGIN_ALLOW_THREADS
@@ -289,19 +299,20 @@ done:
 PyMethodDef acc_optim_methods[] = {
     {"adam_step", (PyCFunction)(void (*)(void))py_adam_step, METH_FASTCALL,
      "adam_step($module, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, low_precision_outs, lr, "
-     "beta1, beta2, eps, weight_decay, decoupled, amsgrad, maximize, grad_scale, nthreads, lr_is_f32_tensor, /)\n--\n\n"
+     "beta1, beta2, eps, weight_decay, decoupled, amsgrad, maximize, grad_scale, nthreads, lr_is_f32_tensor, mirrors=None, /)\n--\n\n"
      "One fused Adam/AdamW step over lists of contiguous CPU tensors (fp32 params/state; fp32, bf16 or fp16 grads).\n"
      "max_exp_avg_sqs: list (amsgrad) or None. steps: list of 0-d float tensors (incremented by 1 after the\n"
      "update, torch's state['step']) or a number (the step this update makes, >= 1). low_precision_outs: None or a\n"
      "list of bf16/fp16 tensors (or None entries) that receive the updated params. Gradients are multiplied by\n"
      "grad_scale. No non-finite check here (see grads_nonfinite). lr_is_f32_tensor: round lr/bc1 and 1-lr*wd in\n"
-     "float32 like torch does when the group's lr is a float32 tensor."},
+     "float32 like torch does when the group's lr is a float32 tensor. mirrors: None or a list of fp32 tensors (or\n"
+     "None entries) that also receive the updated params in the same pass (e.g. a peer rank's replica)."},
     {"sgd_step", (PyCFunction)(void (*)(void))py_sgd_step, METH_FASTCALL,
      "sgd_step($module, params, grads, momentum_buffers, init_buffers, low_precision_outs, lr, momentum, dampening, "
-     "weight_decay, nesterov, maximize, grad_scale, nthreads, /)\n--\n\n"
+     "weight_decay, nesterov, maximize, grad_scale, nthreads, mirrors=None, /)\n--\n\n"
      "One fused SGD step over lists of contiguous CPU fp32 tensors. momentum_buffers: list (momentum != 0) or None;\n"
      "init_buffers: None or a list of bools, True where the buffer is new (written with the gradient like torch's\n"
-     "first step, not read)."},
+     "first step, not read). mirrors: as for adam_step."},
     {"grads_nonfinite", (PyCFunction)(void (*)(void))py_grads_nonfinite, METH_FASTCALL,
      "grads_nonfinite($module, grads, scale, nthreads, /)\n--\n\n"
      "True when any element of any gradient in the list, multiplied by scale, is inf or NaN."},

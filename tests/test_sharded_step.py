@@ -2,14 +2,15 @@
 # bit for bit what every rank stepping everything gives (ACCELERATE_C_SHARDED_STEP=0): every step's
 # parameters, the final parameters on every rank, the optimizer state_dict, skipped fp16 steps; over
 # AdamW, Adam+amsgrad with param groups, SGD (nesterov momentum, plain), an optimizer holding a parameter
-# outside the model (not split), an unused parameter, a state reload and a step through torch's optimizer.
+# outside the model (not split), an unused parameter, a state reload, a step through torch's optimizer,
+# and local-SGD steps under no_sync (per-rank gradients, so those steps are not split).
 # Not for: N processes vs one process (test_parity.py covers that with the split step on).
 import os
 
 import pytest
 import torch
 
-CONFIGS = ["adamw", "adam_amsgrad_groups", "sgd_nesterov", "sgd", "adamw_outside_param"]
+CONFIGS = ["adamw", "adam_amsgrad_groups", "sgd_nesterov", "sgd", "adamw_outside_param", "adamw_local_sgd"]
 
 
 def _load(out, name, rank):
@@ -32,7 +33,7 @@ def _same(a, b, where):
 
 
 @pytest.mark.parametrize("nproc,precision,configs", [
-    (2, "no", CONFIGS), (3, "no", ["adamw", "sgd_nesterov"]), (2, "fp16", ["adamw", "sgd_nesterov"]),
+    (2, "no", CONFIGS), (3, "no", ["adamw", "sgd_nesterov", "adamw_local_sgd"]), (2, "fp16", ["adamw", "sgd_nesterov"]),
 ])
 def test_split_step_equals_unsplit(tmp_path, run, nproc, precision, configs):
     args = ["--precision", precision, "--configs", ",".join(configs)]
@@ -40,14 +41,15 @@ def test_split_step_equals_unsplit(tmp_path, run, nproc, precision, configs):
     run("sharded_step.py", args + ["--out", str(tmp_path / "whole")], nproc=nproc, launcher="accelerate_c",
         env={"ACCELERATE_C_SHARDED_STEP": "0"})
     for name in configs:
-        ref = _load(tmp_path / "whole", name, 0)
-        assert not ref["sharded"]
         for r in range(nproc):
+            ref = _load(tmp_path / "whole", name, r)  # ranks differ only under local SGD
+            assert not ref["sharded"]
             got = _load(tmp_path / "split", name, r)
             assert got["sharded"] == (name != "adamw_outside_param"), name
             _same(got["sums"], ref["sums"], f"{name} rank {r} per-step sums")
             _same(got["params"], ref["params"], f"{name} rank {r} params")
             _same(got["skipped"], ref["skipped"], f"{name} rank {r} skipped steps")
+        ref = _load(tmp_path / "whole", name, 0)
         _same(_load(tmp_path / "split", name, 0)["optimizer"], ref["optimizer"], f"{name} optimizer state_dict")
         if precision == "fp16":
             assert any(ref["skipped"]) and not all(ref["skipped"]), ref["skipped"]

@@ -137,6 +137,9 @@ def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, gra
     changed). `shard` (strategies/sharded_step.OptimizerShard): this rank steps only its slice of each
     parameter in the shared region, between the shard's barriers (every rank of the host must call)."""
     cut: list = []
+    if shard is not None and not shard.usable():  # per-rank gradients: every rank steps everything
+        shard.before_unsharded_step(opt)
+        shard = None
     nthreads = num_threads or torch.get_num_threads()
     scale = 1.0 if grad_scale is None else _num(grad_scale)
     if skip_if_nonfinite:
@@ -148,17 +151,19 @@ def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, gra
         if any(x is None for x in lists):
             return False
         default_decoupled = isinstance(opt, torch.optim.AdamW)
+        mirrors: list = [None] * len(lists)
         if shard is not None:
             shard.begin()
-            for params, grads, ms, vs, maxs, steps, lps in lists:
-                cut += shard.slice_lists(opt, params, grads, {"exp_avg": ms, "exp_avg_sq": vs,
-                                                              "max_exp_avg_sq": maxs or None}, lps)
-        for g, (params, grads, ms, vs, maxs, steps, lps) in zip(groups, lists):
+            for j, (params, grads, ms, vs, maxs, steps, lps) in enumerate(lists):
+                c, mirrors[j] = shard.slice_lists(opt, params, grads, {"exp_avg": ms, "exp_avg_sq": vs,
+                                                                       "max_exp_avg_sq": maxs or None}, lps)
+                cut += c
+        for g, (params, grads, ms, vs, maxs, steps, lps), mir in zip(groups, lists, mirrors):
             b1, b2 = g["betas"]
             _C.adam_step(params, grads, ms, vs, maxs, steps, lps, _num(g["lr"]), _num(b1), _num(b2), float(g["eps"]),
                          _num(g["weight_decay"]), bool(g.get("decoupled_weight_decay", default_decoupled)),
                          bool(g["amsgrad"]), bool(g["maximize"]), scale, nthreads,
-                         isinstance(g["lr"], torch.Tensor) and g["lr"].dtype == torch.float32)
+                         isinstance(g["lr"], torch.Tensor) and g["lr"].dtype == torch.float32, mir)
     else:
         lists = [_sgd_group_lists(opt, g, low_precision_copies) for g in groups]
         if any(x is None for x in lists):
@@ -175,11 +180,13 @@ def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, gra
                         bufs[i] = torch.empty_like(p, memory_format=torch.contiguous_format)
                         if shard is not None:  # stored now: the state keeps the whole slot, the kernel a slice
                             opt.state[p]["momentum_buffer"] = bufs[i]
+            mir = None
             if shard is not None:
-                cut += shard.slice_lists(opt, params, grads, {"momentum_buffer": bufs if use_mom else None}, lps)
+                c, mir = shard.slice_lists(opt, params, grads, {"momentum_buffer": bufs if use_mom else None}, lps)
+                cut += c
             _C.sgd_step(params, grads, bufs if use_mom else None, inits, lps, _num(g["lr"]), float(g["momentum"]),
                         float(g["dampening"]), _num(g["weight_decay"]), bool(g["nesterov"]), bool(g["maximize"]),
-                        scale, nthreads)
+                        scale, nthreads, mir)
             if use_mom and shard is None:
                 for p, b, new in zip(params, bufs, inits):
                     if new:

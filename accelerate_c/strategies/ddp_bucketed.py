@@ -45,6 +45,7 @@ class BucketedGradSync:
     def __init__(self, params: list[torch.nn.Parameter], transport: Any, bucket_cap_mb: float) -> None:
         self.transport = transport
         self.enabled = True
+        self.in_sync = True  # False once a backward ran under no_sync: gradients are then per-rank
         self.defer_wait = False
         self._in_pass = False
         self._works: list = []
@@ -85,6 +86,7 @@ class BucketedGradSync:
     # -- backward-time hooks ---------------------------------------------------------------------------
     def _on_grad(self, p: torch.Tensor) -> None:
         if not self.enabled:
+            self.in_sync = False
             return
         i = self.index[id(p)]
         view = self.views[i]
@@ -116,6 +118,7 @@ class BucketedGradSync:
         self._launch(first, end)
         self._works.append(self.transport.all_reduce_async(self._used, "sum"))
         self._in_pass = False
+        self.in_sync = True
         self.counter.reset()
         if not self.defer_wait:
             self.wait()
@@ -238,7 +241,7 @@ class BucketedDataParallel(DataParallel):
         host = None if evaluation_mode else self._host_group()
         if host is not None:
             params = [p for p in wrapped.module.parameters() if p.requires_grad]
-            self._param_shards.append(ParamShards(params, host))
+            self._param_shards.append(ParamShards(params, host, wrapped._grad_sync))
         return wrapped
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

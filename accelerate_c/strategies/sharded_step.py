@@ -8,6 +8,8 @@
 # Each rank's state is current only in its own slice; optimizer.state_dict() (a torch pre-hook) first
 # copies the peers' slices from their parts (no collective: peers only write state between A and B).
 # The update is elementwise, so results are bitwise those of the unsplit step.
+# Only while gradients, params and state are identical on every rank: the first step after a backward
+# under no_sync (per-rank gradients, e.g. local SGD) turns the split off for good.
 # Used by strategies/ddp_bucketed.py through optim._fused.run_groups (optimizer._accelerate_c_shard).
 # Not for: gradient communication (ddp_bucketed.py) or the kernels (optim/).
 from __future__ import annotations
@@ -23,8 +25,9 @@ class ParamShards:
     """The model's fp32 CPU parameters moved into one shared region (per-rank parts) and the split of the
     flat parameter space between the local ranks. `shm` is the host-local ShmGroup."""
 
-    def __init__(self, params: list[torch.nn.Parameter], shm: Any) -> None:
+    def __init__(self, params: list[torch.nn.Parameter], shm: Any, grad_sync: Any) -> None:
         self.shm = shm
+        self.grad_sync = grad_sync  # .in_sync: the last backward averaged the gradients over all ranks
         self.rank, self.size = shm.rank, shm.size
         mine = [p for p in params if p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous()]
         self.total = sum(p.numel() for p in mine)
@@ -46,6 +49,7 @@ class ParamShards:
         per = -(-per // ALIGN) * ALIGN
         self.bounds = [(min(q * per, self.total), min((q + 1) * per, self.total)) for q in range(self.size)]
         self.lo, self.hi = self.bounds[self.rank]
+        self.mirror_rank = (self.rank + 1) % self.size  # the peer the kernels write directly
 
     def local_range(self, p: torch.Tensor) -> Optional[tuple[int, int]]:
         """This rank's element range [a, b) inside `p`, or None when `p` is not (or no longer) in the region
@@ -58,7 +62,8 @@ class ParamShards:
         return (a - off, b - off) if b > a else (0, 0)
 
     def push(self, stepped: list[tuple[torch.Tensor, int, int]]) -> None:
-        """Copies the slices this rank updated ((param, a, b) element ranges) into every peer's part. Only
+        """Copies the slices this rank updated ((param, a, b) element ranges) into every peer's part but the
+        one the kernels already wrote (mirror_rank; so with 2 ranks there is nothing left to copy). Only
         those: a parameter stepped whole is stepped by every rank in its own part, and a write into a peer's
         part while the peer still reads that parameter would update it twice."""
         mine = self.parts[self.rank]
@@ -67,7 +72,7 @@ class ParamShards:
                 continue
             off = self.offset[id(p)]
             for q, part in enumerate(self.parts):
-                if q != self.rank:
+                if q != self.rank and q != self.mirror_rank:  # the kernel wrote mirror_rank's copy already
                     part[off + a:off + b].copy_(mine[off + a:off + b])
 
 
@@ -78,11 +83,15 @@ class OptimizerShard:
     def __init__(self, optimizer: torch.optim.Optimizer, shards: ParamShards, keys: tuple[str, ...]) -> None:
         self.shards = shards
         self.keys = keys
+        self.off = False  # True for good once a step used per-rank gradients
         self.stale = False  # True once a sharded step left other ranks' slices of our state out of date
         total = shards.total
         self.flat = shards.shm.alloc(max(total * len(keys), 1), torch.float32)
         self.parts = shards.shm.parts(self.flat)
         self._hook = optimizer.register_state_dict_pre_hook(lambda opt: self.refresh(opt))
+        # id(param) -> (its data_ptr, grad, state tensors, (a, b), sliced views); holding the tensors keeps
+        # their ids from being reused while cached, so `is` tells a replaced tensor (e.g. after a reload).
+        self._cache: dict = {}
 
     # -- state placement -----------------------------------------------------------------------------------
     def _slot(self, k: int, off: int, n: int, part: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -111,23 +120,44 @@ class OptimizerShard:
         return True
 
     def slice_lists(self, optimizer: torch.optim.Optimizer, params: list, grads: list, state_lists: dict,
-                    lps: Optional[list]) -> list[tuple[torch.Tensor, int, int]]:
-        """Cuts every kernel-list entry down to this rank's range. `state_lists` maps a state key to its
-        list (entries None where that state is absent). Returns the (param, a, b) ranges cut."""
-        cut = []
+                    lps: Optional[list]) -> tuple[list[tuple[torch.Tensor, int, int]], list]:
+        """Cuts every kernel-list entry down to this rank's range. `state_lists` maps a state key to its list
+        (entries None where that state is absent). Returns the (param, a, b) ranges cut and the kernels'
+        `mirrors` list: for each cut entry the same range in one peer's parameters (the kernel writes the
+        new values there in the same pass; push() covers any other peers)."""
+        cut: list = []
+        mirrors: list = [None] * len(params)
+        cache = self._cache
         for i, p in enumerate(params):
-            rng = self.shards.local_range(p) if lps is None or lps[i] is None else None
-            if rng is None or not self.adopt(optimizer, p):
-                continue
-            a, b = rng
+            g = grads[i]
             state = optimizer.state.get(p, {})
-            params[i] = p.detach().view(-1)[a:b]
-            grads[i] = grads[i].view(-1)[a:b]
-            for key, lst in state_lists.items():
-                if lst is not None and lst[i] is not None:
-                    lst[i] = state[key].view(-1)[a:b]
+            sts = tuple(state.get(key) if lst is not None and lst[i] is not None else None
+                        for key, lst in state_lists.items())
+            hit = cache.get(id(p))
+            if (hit is None or hit[0] != p.data_ptr() or hit[1] is not g
+                    or any(x is not y for x, y in zip(hit[2], sts))):
+                if lps is not None and lps[i] is not None:
+                    continue
+                rng = self.shards.local_range(p)
+                if rng is None or not self.adopt(optimizer, p):
+                    cache.pop(id(p), None)
+                    continue
+                sts = tuple(state.get(key) if lst is not None and lst[i] is not None else None
+                            for key, lst in state_lists.items())  # adopt may have replaced them
+                a, b = rng
+                off = self.shards.offset[id(p)]
+                views = (p.detach().view(-1)[a:b], g.view(-1)[a:b],
+                         tuple(t.view(-1)[a:b] if t is not None else None for t in sts),
+                         self.shards.parts[self.shards.mirror_rank][off + a:off + b] if self.shards.size > 1 else None)
+                hit = (p.data_ptr(), g, sts, (a, b), views)
+                cache[id(p)] = hit
+            a, b = hit[3]
+            params[i], grads[i], svs, mirrors[i] = hit[4]
+            for (key, lst), v in zip(state_lists.items(), svs):
+                if v is not None:
+                    lst[i] = v
             cut.append((p, a, b))
-        return cut
+        return cut, mirrors
 
     def refresh(self, optimizer: torch.optim.Optimizer) -> None:
         """Completes this rank's copy of the state with the peers' slices (read from their parts)."""
@@ -152,6 +182,16 @@ class OptimizerShard:
         self.stale = False
 
     # -- the step ------------------------------------------------------------------------------------------
+    def usable(self) -> bool:
+        """The split needs identical gradients, params and state on every rank. A step after a backward under
+        no_sync (e.g. local SGD) uses each rank's own gradients, so params and state diverge from then on:
+        every later step is unsplit too. The same answer on every rank."""
+        if self.off:
+            return False
+        if not self.shards.grad_sync.in_sync:
+            self.off = True
+        return not self.off
+
     def begin(self) -> None:
         self.shards.shm.barrier()  # A: no peer still reads its parameters (we write into its part)
 

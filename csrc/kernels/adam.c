@@ -10,7 +10,7 @@
 #include "optim_simd.h"
 
 typedef struct {
-    float *param, *exp_avg, *exp_avg_sq, *max_exp_avg_sq;
+    float *param, *exp_avg, *exp_avg_sq, *max_exp_avg_sq, *mirror;
     const void *grad;
     void *lp_out;
     acc_dtype grad_dtype, lp_dtype;
@@ -91,7 +91,7 @@ acc_status acc_adam_step(const acc_adam_config *cfg, const acc_adam_tensor *ts, 
         *t = (adam_item){
             .param = x->param, .exp_avg = x->exp_avg, .exp_avg_sq = x->exp_avg_sq,
             .max_exp_avg_sq = cfg->amsgrad ? x->max_exp_avg_sq : NULL, .grad = x->grad,
-            .lp_out = x->lp_out, .grad_dtype = x->grad_dtype, .lp_dtype = x->lp_dtype,
+            .lp_out = x->lp_out, .mirror = x->mirror, .grad_dtype = x->grad_dtype, .lp_dtype = x->lp_dtype,
             .scaled = cfg->grad_scale != 1.0, .maximize = cfg->maximize,
             .wd_mode = cfg->weight_decay == 0.0 ? 0 : (cfg->decoupled ? 1 : 2), .lerp_from_end = from_end,
             .grad_scale = (float)cfg->grad_scale, .lerp_coeff = from_end ? w - 1.0f : w,

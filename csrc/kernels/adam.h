@@ -27,6 +27,7 @@ typedef struct {
     float *exp_avg, *exp_avg_sq;
     float *max_exp_avg_sq;  /* amsgrad only, else NULL */
     void *lp_out;           /* optional bf16/fp16 copy of the updated param (NULL: none) */
+    float *mirror;          /* optional fp32 copy of the updated param, e.g. a peer's replica (NULL: none) */
     size_t n;
     double step;            /* the step number this update makes (torch: state['step'] after += 1) */
     acc_dtype grad_dtype;   /* ACC_F32, ACC_BF16, ACC_F16 */

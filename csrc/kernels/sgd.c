@@ -10,7 +10,7 @@
 #include "sgd.h"
 
 typedef struct {
-    float *param, *buf;
+    float *param, *buf, *mirror;
     const void *grad;
     void *lp_out;
     acc_dtype grad_dtype, lp_dtype;
@@ -76,7 +76,7 @@ acc_status acc_sgd_step(const acc_sgd_config *cfg, const acc_sgd_tensor *ts, siz
         const acc_sgd_tensor *x = &ts[k];
         items[k] = (sgd_item){
             .param = x->param, .buf = cfg->momentum != 0.0 ? x->momentum_buf : NULL, .grad = x->grad,
-            .lp_out = x->lp_out, .grad_dtype = x->grad_dtype, .lp_dtype = x->lp_dtype,
+            .lp_out = x->lp_out, .mirror = x->mirror, .grad_dtype = x->grad_dtype, .lp_dtype = x->lp_dtype,
             .scaled = cfg->grad_scale != 1.0, .maximize = cfg->maximize, .has_wd = cfg->weight_decay != 0.0,
             .init_buf = x->init_buf, .nesterov = cfg->nesterov,
             .grad_scale = (float)cfg->grad_scale, .wd = (float)cfg->weight_decay, .momentum = (float)cfg->momentum,

@@ -18,6 +18,7 @@ typedef struct {
     const void *grad;      /* grad_dtype: ACC_F32, ACC_BF16, ACC_F16 */
     float *momentum_buf;   /* fp32; NULL when momentum == 0 */
     void *lp_out;          /* optional bf16/fp16 copy of the updated param */
+    float *mirror;         /* optional fp32 copy of the updated param, e.g. a peer's replica (NULL: none) */
     size_t n;
     int init_buf;          /* 1: first step, the buffer is written with g (torch's clone), not read */
     acc_dtype grad_dtype, lp_dtype;

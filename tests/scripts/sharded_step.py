@@ -2,7 +2,8 @@
 # records, per rank, each step's parameters checksum, the final parameters and (rank 0) the optimizer's
 # state_dict, so tests/test_sharded_step.py can compare the split optimizer step with the unsplit one
 # (ACCELERATE_C_SHARDED_STEP=0) bit for bit. Along the way it reloads the optimizer state mid-run and
-# forces one step through torch's own optimizer (a step pre-hook), the two paths that move state around.
+# forces one step through torch's own optimizer (a step pre-hook), the two paths that move state around;
+# adamw_local_sgd steps after every other backward under no_sync (per-rank gradients: no split).
 # Not for: HF parity (parity_train.py).
 import argparse
 import os
@@ -27,7 +28,7 @@ class Net(nn.Module):
 
 
 def make_optimizer(name: str, model: Net, extra: torch.nn.Parameter) -> torch.optim.Optimizer:
-    if name == "adamw":
+    if name in ("adamw", "adamw_local_sgd"):
         return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     if name == "adam_amsgrad_groups":
         rest = [p for n, p in model.named_parameters() if not n.startswith("a.")]
@@ -45,7 +46,8 @@ def make_optimizer(name: str, model: Net, extra: torch.nn.Parameter) -> torch.op
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--configs", default="adamw,adam_amsgrad_groups,sgd_nesterov,sgd,adamw_outside_param")
+    ap.add_argument("--configs", default="adamw,adam_amsgrad_groups,sgd_nesterov,sgd,adamw_outside_param,"
+                                         "adamw_local_sgd")
     ap.add_argument("--precision", default="no")
     ap.add_argument("--steps", type=int, default=8)
     args = ap.parse_args()
@@ -63,7 +65,11 @@ def main() -> None:
             g = torch.Generator().manual_seed(1000 * step + acc.process_index)
             x, y = torch.randn(6, 13, generator=g), torch.randn(6, 5, generator=g)
             loss = ((model(x) - y) ** 2).mean() + (extra ** 2).sum()
-            acc.backward(loss)
+            if name.endswith("local_sgd") and step % 2:  # local SGD: each rank steps its own gradients
+                with acc.no_sync(model):
+                    acc.backward(loss)
+            else:
+                acc.backward(loss)
             if step == 6:  # torch's own step on every rank (the kernels decline optimizers with step hooks)
                 h = opt.optimizer.register_step_pre_hook(lambda *a: None)
                 opt.step()
