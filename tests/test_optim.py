@@ -305,3 +305,35 @@ def test_nan_copy_and_nonfinite_check():
                 assert aopt.grads_nonfinite([torch.ones(3), g]) is True
                 g[999] = 1.0
                 assert aopt.grads_nonfinite([g], grad_scale=float("inf")) is True
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_mirror_output_equals_updated_param(level):
+    """adam_step/sgd_step `mirrors`: each given fp32 tensor receives the updated param in the same pass
+    (the split DDP step writes a peer's replica this way); None entries are skipped; the update itself is
+    unchanged."""
+    g = torch.Generator().manual_seed(3)
+    ps = [torch.randn(n, generator=g) for n in (1, 17, 1031, 4099)]
+    gs = [torch.randn(p.shape, generator=g) for p in ps]
+    with simd(level):
+        ref = [p.clone() for p in ps]
+        ms, vs = [torch.zeros_like(p) for p in ps], [torch.zeros_like(p) for p in ps]
+        C.adam_step(ref, gs, ms, vs, None, 1.0, None, 1e-2, 0.9, 0.999, 1e-8, 0.1, True, False, False, 1.0, 2, False)
+        got = [p.clone() for p in ps]
+        ms, vs = [torch.zeros_like(p) for p in ps], [torch.zeros_like(p) for p in ps]
+        mir = [torch.full_like(p, 7.0) for p in ps]
+        C.adam_step(got, gs, ms, vs, None, 1.0, None, 1e-2, 0.9, 0.999, 1e-8, 0.1, True, False, False, 1.0, 2, False,
+                    [mir[0], None, mir[2], mir[3]])
+        for i, (r, a, m) in enumerate(zip(ref, got, mir)):
+            assert torch.equal(r, a)
+            assert torch.equal(m, a) if i != 1 else bool((m == 7.0).all())
+        sref = [p.clone() for p in ps]
+        C.sgd_step(sref, gs, [torch.empty_like(p) for p in ps], [True] * 4, None, 0.1, 0.9, 0.0, 1e-3, True, False,
+                   1.0, 1)
+        sgot, smir = [p.clone() for p in ps], [torch.zeros_like(p) for p in ps]
+        C.sgd_step(sgot, gs, [torch.empty_like(p) for p in ps], [True] * 4, None, 0.1, 0.9, 0.0, 1e-3, True, False,
+                   1.0, 1, smir)
+        for r, a, m in zip(sref, sgot, smir):
+            assert torch.equal(r, a) and torch.equal(m, a)
+    with pytest.raises(ValueError, match=r"mirrors\[0\] has 3 elements"):
+        C.sgd_step(sgot, gs, None, None, None, 0.1, 0.0, 0.0, 0.0, False, False, 1.0, 1, [torch.zeros(3)] * 4)
