@@ -240,8 +240,8 @@ class BucketedDataParallel(DataParallel):
         wrapped = super().prepare_model(model, device_placement, evaluation_mode)
         host = None if evaluation_mode else self._host_group()
         if host is not None:
-            params = [p for p in wrapped.module.parameters() if p.requires_grad]
-            self._param_shards.append(ParamShards(params, host, wrapped._grad_sync))
+            # frozen ones too: an optimizer built over model.parameters() holds them (they get no gradient)
+            self._param_shards.append(ParamShards(list(wrapped.module.parameters()), host, wrapped._grad_sync))
         return wrapped
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

@@ -22,9 +22,10 @@ class Net(nn.Module):
         self.b = nn.Linear(37, 29)
         self.c = nn.Linear(29, 5)
         self.unused = nn.Linear(3, 3)  # never in the graph: its grad stays None
+        self.scale = nn.Parameter(torch.full((5,), 0.5), requires_grad=False)  # frozen, in the optimizer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))
+        return self.c(torch.tanh(self.b(torch.tanh(self.a(x))))) * self.scale
 
 
 def make_optimizer(name: str, model: Net, extra: torch.nn.Parameter) -> torch.optim.Optimizer:
