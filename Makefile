@@ -24,7 +24,7 @@ install: build
 	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .
 
 demo: install
-	$(VPY) -m accelerate_c launch --num_processes 2 examples/train_gpt.py $(DEMO_ARGS)
+	$(VPY) -m accelerate_c launch --num_processes 2 examples/train_gpt.py $(or $(DEMO_ARGS),--overwrite)
 
 test: install
 	$(VPY) -m pytest -q tests

@@ -1,13 +1,16 @@
 # examples/train_gpt.py: the main job (`make demo`): a small GPT-style byte-level language model trained on
 # the source text of Python's standard library, written as an ordinary HF-Accelerate script with
 # `from accelerate_c import Accelerator`. Run: python -m accelerate_c launch --num_processes 2 examples/train_gpt.py
-# Flags: --max_steps, --resume (continue from the last checkpoint in --project_dir), --mixed_precision.
+# Flags: --max_steps, --resume (continue from the last checkpoint in --project_dir), --overwrite (start
+# fresh over an earlier run's checkpoints; without either, existing checkpoints are an error), --mixed_precision.
 # Not for: benchmarking (benchmarks/) or showing every feature.
 from __future__ import annotations
 
 import argparse
 import math
 import os
+import shutil
+import sys
 import sysconfig
 import time
 
@@ -102,6 +105,7 @@ def main() -> None:
     p.add_argument("--checkpoint_every", type=int, default=40)
     p.add_argument("--project_dir", default="demo_runs/gpt")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--overwrite", action="store_true", help="start fresh, deleting the checkpoints of an earlier run")
     p.add_argument("--mixed_precision", default=None)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
@@ -124,9 +128,19 @@ def main() -> None:
     accelerator.print(f"GPT: {n_params / 1e6:.2f}M parameters, {len(data) / 1e6:.1f} MB of text, "
                       f"{accelerator.num_processes} process(es), {accelerator.mixed_precision} precision")
 
+    ckpt_root = os.path.join(args.project_dir, "checkpoints")
+    earlier = os.path.isdir(ckpt_root) and bool(os.listdir(ckpt_root))
+    if earlier and not args.resume:  # decide now, not at the first save 40 steps in
+        if not args.overwrite:
+            accelerator.print(f"error: {ckpt_root} holds checkpoints of an earlier run; pass --resume to continue "
+                              "it or --overwrite to start fresh")
+            sys.exit(2)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            shutil.rmtree(ckpt_root)
+        accelerator.wait_for_everyone()
     if args.resume:
-        ckpt_root = os.path.join(args.project_dir, "checkpoints")
-        if os.path.isdir(ckpt_root) and os.listdir(ckpt_root):
+        if earlier:
             accelerator.load_state()  # the latest checkpoint; the stateful loader resumes mid-epoch
             accelerator.print(f"resumed at step {train_state.step}")
         else:
