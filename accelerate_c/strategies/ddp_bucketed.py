@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Any, Iterable, Iterator, Optional
 
 import torch
@@ -241,7 +242,10 @@ class BucketedDataParallel(DataParallel):
         host = None if evaluation_mode else self._host_group()
         if host is not None:
             # frozen ones too: an optimizer built over model.parameters() holds them (they get no gradient)
-            self._param_shards.append(ParamShards(list(wrapped.module.parameters()), host, wrapped._grad_sync))
+            try:
+                self._param_shards.append(ParamShards(list(wrapped.module.parameters()), host, wrapped._grad_sync))
+            except RuntimeError as e:  # e.g. /dev/shm too small: the same on every rank (the error is shared)
+                warnings.warn(f"accelerate_c: every rank steps every parameter (no split optimizer step): {e}")
         return wrapped
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -251,7 +255,11 @@ class BucketedDataParallel(DataParallel):
         params = {id(p) for g in optimizer.param_groups for p in g["params"]}
         for shards in self._param_shards:
             if keys is not None and params and params <= shards.offset.keys():
-                shard = OptimizerShard(optimizer, shards, keys)
+                try:
+                    shard = OptimizerShard(optimizer, shards, keys)
+                except RuntimeError as e:
+                    warnings.warn(f"accelerate_c: every rank steps every parameter of this optimizer: {e}")
+                    break
                 optimizer._accelerate_c_shard = shard
                 self._opt_shards.append((optimizer, shard))
                 break

@@ -181,6 +181,24 @@ static acc_status check_name(const char *name) {
     return ACC_OK;
 }
 
+/* Sizes a new segment and reserves its pages (posix_fallocate): on a tmpfs too small for it (e.g. a
+ * container's default 64 MB /dev/shm) this fails now with ENOSPC, where ftruncate alone would succeed and
+ * the first touch of a missing page later would kill the process with SIGBUS. */
+static acc_status size_segment(int fd, const char *what, const char *name, size_t bytes) {
+    if (fchmod(fd, 0600) < 0 || ftruncate(fd, (off_t)bytes) < 0) {
+        acc_set_error("sizing shm %s %s to %zu bytes: %s", what, name, bytes, strerror(errno));
+        return ACC_ERR_OS;
+    }
+    int rc = posix_fallocate(fd, 0, (off_t)bytes);
+    if (rc == ENOSPC || rc == ENOMEM) {
+        acc_set_error("shm %s %s: no room for %zu bytes in /dev/shm (%s); enlarge it (e.g. docker --shm-size) or "
+                      "set ACCELERATE_C_COMM=torch", what, name, bytes, strerror(rc));
+        return ACC_ERR_OS;
+    }
+    /* other errors (EOPNOTSUPP, EINVAL on exotic file systems): keep the sparse file, as before */
+    return ACC_OK;
+}
+
 acc_status acc_shm_group_open(const char *name, int create, int rank, int nranks, size_t small_bytes,
                               size_t chunk_bytes, double timeout_s, acc_shm_group **out) {
     *out = NULL;
@@ -215,8 +233,7 @@ acc_status acc_shm_group_open(const char *name, int create, int rank, int nranks
         }
         g->created = 1;
         g->map_bytes = data_off + stride * (size_t)nranks;
-        if (fchmod(fd, 0600) < 0 || ftruncate(fd, (off_t)g->map_bytes) < 0) {
-            acc_set_error("sizing shm segment %s to %zu bytes: %s", name, g->map_bytes, strerror(errno));
+        if (size_segment(fd, "segment", name, g->map_bytes)) {
             close(fd);
             shm_unlink(name);
             free(g);
@@ -330,8 +347,7 @@ acc_status acc_shm_region_fd(const char *name, int create, size_t total_bytes, i
         acc_set_error("shm_open(%s): %s", name, strerror(errno));
         return ACC_ERR_OS;
     }
-    if (create && (fchmod(fd, 0600) < 0 || ftruncate(fd, (off_t)total_bytes) < 0)) {
-        acc_set_error("sizing shm region %s to %zu bytes: %s", name, total_bytes, strerror(errno));
+    if (create && size_segment(fd, "region", name, total_bytes)) {
         close(fd);
         shm_unlink(name);
         return ACC_ERR_OS;
