@@ -53,3 +53,4 @@ def test_split_step_equals_unsplit(tmp_path, run, nproc, precision, configs):
         _same(_load(tmp_path / "split", name, 0)["optimizer"], ref["optimizer"], f"{name} optimizer state_dict")
         if precision == "fp16":
             assert any(ref["skipped"]) and not all(ref["skipped"]), ref["skipped"]
+

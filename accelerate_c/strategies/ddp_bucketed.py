@@ -1,7 +1,8 @@
 # accelerate_c/strategies/ddp_bucketed.py: data parallelism with a bucketed gradient all-reduce that
 # overlaps backward. After prepare, every parameter's .grad is a view into one flat gradient buffer per
 # dtype (no copies between gradients and buckets); buckets are slices of it, in reverse registration
-# order (gradients arrive roughly in that order), a small first bucket then `bucket_cap_mb`.
+# order (gradients arrive roughly in that order): a small first bucket, then `bucket_cap_mb` ones, and a
+# small last one (the last bucket cannot start before backward ends, so its all-reduce is never overlapped).
 # As autograd accumulates each gradient, a hook marks the parameter in the C BucketCounter; when a bucket
 # (and all before it: collectives are matched by issue order) is complete, its all-reduce starts
 # asynchronously. Unused parameters are marked at the end of backward. The optimizer step (and
@@ -68,6 +69,7 @@ class BucketedGradSync:
             self.buffers[dtype] = buf
             off, start, limit = 0, 0, FIRST_BUCKET_BYTES if not self.buckets else cap
             esize = buf.element_size()
+            offsets = []
             for p in plist:
                 n = p.numel()
                 if off > start and (off - start + n) * esize > limit:
@@ -79,7 +81,18 @@ class BucketedGradSync:
                     view.copy_(p.grad)
                 p.grad = view
                 self.views[self.index[id(p)]] = view
+                offsets.append(off)
                 off += n
+            # A small last bucket too: the last one can only start once backward has ended, so what it holds
+            # is never overlapped; its leading params (ready a little earlier) go into a bucket of their own.
+            tail = len(plist) - 1
+            while (off - start) * esize > FIRST_BUCKET_BYTES and tail > 0 and offsets[tail - 1] > start and (off - offsets[tail - 1]) * esize <= FIRST_BUCKET_BYTES:
+                tail -= 1
+            if (off - start) * esize > FIRST_BUCKET_BYTES and offsets[tail] > start:
+                self.buckets.append(_Bucket(buf, start, offsets[tail] - start))
+                start = offsets[tail]
+                for p in plist[tail:]:
+                    param_bucket[self.index[id(p)]] = len(self.buckets)
             self.buckets.append(_Bucket(buf, start, off - start))
         self.counter = _C.BucketCounter(param_bucket, len(self.buckets))
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in order]
