@@ -15,7 +15,6 @@
  * all_reduce slices a chunk into N cache-line aligned parts; rank r reduces part r from every rank.
  * Not for: segment life cycle / waiting (shm_seg.c) or the arithmetic (shm_reduce.c). */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "shm_internal.h"
@@ -117,12 +116,19 @@ static void slice(size_t n, size_t esz, int nranks, int q, size_t *lo, size_t *h
  *   copy out piece s-2: slice q of my tensor <- rank q's slot q of buffer (s-2) (its reduced slice);
  *   copy in piece s:    slice q of my tensor -> my slot q of buffer s, for every q != me.
  * and a last copy-out of piece P-1 follows the final arrival. So P pieces cost P+1 arrivals.
- * Reuse safety: during step s a rank reads only what peers wrote in step s-1 (slots q != owner of buffer
- * s-1, slot owner of buffer s-2 = buffer s) and writes slots q != me of buffer s and slot me of buffer s-1;
- * nobody reads those in step s, and readers of their previous contents (steps s-1 and s-2) finished
- * before the arrival of step s-1 that this rank waited for. Across calls the stage count continues, the
- * trailing copy-out reads buffer (last) while the next call's step 0 writes the other one, and the next
- * call's step 1 runs after its first arrival, which peers make after their trailing copy-out. */
+ * Reuse safety, seen from rank me's staging. In step s peers read: my slots q != me of buffer s-1 (piece
+ * s-1's copy-in, for their reduce) and my slot me of buffer s-2 = buffer s (my reduced slice of piece s-2,
+ * for their copy-out); I write my slots q != me of buffer s and my slot me of buffer s-1: other slots, so
+ * no conflict inside a step. What I overwrite (piece s-2's copy-in, piece s-3's reduced slice) was read by
+ * peers in step s-1, before the arrival of step s-1 that I waited for; and no peer starts step s+1 before
+ * my arrival of step s. Across calls the stage count continues: the trailing copy-out reads buffer P-1
+ * while the next call's step 0 writes only slots q != me of buffer P (the other one), and its step 1 comes
+ * after its first arrival, which peers make after their trailing copy-out. */
+static size_t piece_len(size_t count, size_t per_piece, size_t p) {
+    size_t off = p * per_piece;
+    return count - off < per_piece ? count - off : per_piece;
+}
+
 static acc_status staged_all_reduce(acc_shm_group *g, char *data, size_t count, size_t esz, acc_dtype dtype,
                                     acc_redop op) {
     const int N = g->nranks, me = g->rank;
@@ -136,9 +142,9 @@ static acc_status staged_all_reduce(acc_shm_group *g, char *data, size_t count, 
     acc_status st;
     for (size_t s = 0; s <= npieces + 1; s++) {
         if (s >= 1 && s - 1 < npieces) { /* reduce piece s-1 */
-            size_t off = (s - 1) * per_piece, m = count - off < per_piece ? count - off : per_piece;
+            size_t m = piece_len(count, per_piece, s - 1);
             uint32_t k = k0 + (uint32_t)(s - 1);
-            char *base = data + off * esz;
+            char *base = data + (s - 1) * per_piece * esz;
             slice(m, esz, N, me, &lo, &hi);
             for (int q = 0; q < N; q++) srcs[q] = q == me ? base + lo * esz : shm_staging(g, q, k) + (size_t)me * slot;
             dsts[0] = base + lo * esz;
@@ -146,9 +152,9 @@ static acc_status staged_all_reduce(acc_shm_group *g, char *data, size_t count, 
             if (hi > lo && (st = acc_reduce_n(dtype, op, srcs, N, dsts, N > 1 ? 2 : 1, hi - lo))) return st;
         }
         if (s >= 2) { /* copy out piece s-2 */
-            size_t off = (s - 2) * per_piece, m = count - off < per_piece ? count - off : per_piece;
+            size_t m = piece_len(count, per_piece, s - 2);
             uint32_t k = k0 + (uint32_t)(s - 2);
-            char *base = data + off * esz;
+            char *base = data + (s - 2) * per_piece * esz;
             for (int q = 0; q < N; q++) {
                 if (q == me) continue;
                 slice(m, esz, N, q, &lo, &hi);
@@ -157,8 +163,8 @@ static acc_status staged_all_reduce(acc_shm_group *g, char *data, size_t count, 
         }
         if (s == npieces + 1) break;
         if (s < npieces) { /* copy in piece s */
-            size_t off = s * per_piece, m = count - off < per_piece ? count - off : per_piece;
-            char *base = data + off * esz, *stg = shm_staging(g, me, k0 + (uint32_t)s);
+            size_t m = piece_len(count, per_piece, s);
+            char *base = data + s * per_piece * esz, *stg = shm_staging(g, me, k0 + (uint32_t)s);
             for (int q = 0; q < N; q++) {
                 if (q == me) continue;
                 slice(m, esz, N, q, &lo, &hi);
