@@ -223,6 +223,50 @@ def test_collectives_match_gloo(ws):
     assert all(v > 100 for v in res.values())
 
 
+def _w_staged_many_chunks(rank, ws):
+    """Back-to-back staged all_reduces spanning many chunks, with short last chunks and mixed dtypes/ops and
+    other staged collectives in between, issued without any gloo call in between (a gloo call would act as
+    a barrier and hide a staging-reuse race); then every result is checked against gloo and across ranks."""
+    from accelerate_c.comm import ShmGroup
+    g = ShmGroup(timeout=20, small_bytes=SMALL, chunk_bytes=CHUNK)
+    gen = torch.Generator().manual_seed(99 + rank)
+    plan = [(torch.float32, 10 * CHUNK // 4 + 13, "sum"), (torch.float64, CHUNK // 8, "sum"),
+            (torch.float32, 3 * CHUNK // 8 + 1, "max"), (torch.bfloat16, 7 * CHUNK // 2 - 3, "sum"),
+            (torch.int64, 5 * CHUNK // 8 + 7, "min"), (torch.float16, 2 * CHUNK + 1, "avg"),
+            (torch.float32, 31 * CHUNK // 4, "sum")]
+    ins, outs = [], []
+    for i, (dtype, n, op) in enumerate(plan * 3):
+        x = (torch.randn(n, generator=gen) * 50).to(dtype)
+        ins.append(x)
+        outs.append(g.all_reduce(x.clone(), op))
+        if i % 4 == 1:  # another staged op in between shifts the staging-buffer parity
+            y = torch.randn(CHUNK // 2 + 5, generator=gen)
+            gath = torch.empty(y.numel() * ws)
+            g.all_gather(gath, y)
+            outs.append((gath, y))
+    k = 0
+    import torch.distributed as dist
+    for i, (dtype, n, op) in enumerate(plan * 3):
+        ref = _ref_all_reduce(ins[i], op, ws)
+        assert _close(outs[k], ref, dtype), (i, dtype, n, op)
+        assert _same_everywhere(outs[k]), (i, dtype, n, op)
+        k += 1
+        if i % 4 == 1:
+            gath, y = outs[k]
+            lst = [torch.empty_like(y) for _ in range(ws)]
+            dist.all_gather(lst, y)
+            assert torch.equal(gath, torch.cat(lst)), i
+            k += 1
+    g.close()
+    return len(plan) * 3
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_staged_all_reduce_many_chunks(ws):
+    res = run(_w_staged_many_chunks, ws)
+    assert all(v == 21 for v in res.values())
+
+
 def _w_hier(rank, ws):
     import torch.distributed as dist
 

@@ -12,7 +12,8 @@
  * (checked: each rank writes a descriptor, every rank compares them at the first arrival of a call).
  * Each rank has one monotonically increasing `phase` word; an "arrival" increments it, a wait checks
  * that every peer reached the same phase. Small ops use one arrival and a double buffer (no trailing
- * barrier); large ops use two arrivals per chunk. Every wait has a deadline and checks peer liveness. */
+ * barrier); large ops use one arrival per chunk (plus one for a pipelined all_reduce, plus a trailing one
+ * for zero-copy ops). Every wait has a deadline and checks peer liveness. */
 #ifndef ACC_SHM_H
 #define ACC_SHM_H
 
@@ -26,7 +27,7 @@ typedef enum { ACC_RED_SUM = 0, ACC_RED_AVG = 1, ACC_RED_MAX = 2, ACC_RED_MIN = 
 typedef struct acc_shm_group acc_shm_group;
 
 /* Creates (rank 0: create=1, O_EXCL, mode 0600) or attaches (create=0) the control segment `name`
- * ("/accc-..." ; at most 200 chars). small_bytes / chunk_bytes: 0 = defaults (64 KiB / 4 MiB).
+ * ("/accc-..." ; at most 200 chars). small_bytes / chunk_bytes: 0 = defaults (64 KiB / 1 MiB).
  * Attaching increments the attach count; the rank that completes it unlinks the name. */
 acc_status acc_shm_group_open(const char *name, int create, int rank, int nranks, size_t small_bytes,
                               size_t chunk_bytes, double timeout_s, acc_shm_group **out);

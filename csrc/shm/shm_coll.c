@@ -8,7 +8,10 @@
  *       read (and for all_reduce, write) peers' parts directly, then a second arrival so nobody
  *       returns (and lets the user touch its buffer) while a peer still uses it.
  *   staged (ordinary tensors above small_bytes): chunks of chunk_bytes through staging[k & 1]
- *       (k counts chunks across calls, so consecutive chunks alternate buffers; same reuse argument).
+ *       (k counts chunks across calls, so consecutive chunks alternate buffers; same reuse argument:
+ *       a rank rewrites staging[k & 1] for chunk k+2 only after waiting for an arrival that every peer
+ *       makes after its last read of chunk k). One arrival per chunk; all_reduce is pipelined so that
+ *       P chunks cost P+1 arrivals (see staged_all_reduce).
  * all_reduce slices a chunk into N cache-line aligned parts; rank r reduces part r from every rank.
  * Not for: segment life cycle / waiting (shm_seg.c) or the arithmetic (shm_reduce.c). */
 #include <stdio.h>
@@ -104,6 +107,75 @@ static void slice(size_t n, size_t esz, int nranks, int q, size_t *lo, size_t *h
     *hi = *lo + per < n ? *lo + per : n;
 }
 
+/* Staged all_reduce of an ordinary tensor, pipelined over pieces of at most chunk_bytes: piece p of the
+ * call is stage k = nstage0 + p and uses staging buffer k & 1 of every rank, in which rank q's slot is
+ * [q * chunk_bytes / N, +chunk_bytes / N) whatever the piece's size (so slices of different pieces never
+ * overlap). Step s (s = 0 .. P) does, then arrives once:
+ *   reduce piece s-1:   my slice of it from my tensor + every peer's slot `me` of buffer (s-1) (their
+ *                       copy-in), summed in rank order, stored to my tensor and to my own slot `me`;
+ *   copy out piece s-2: slice q of my tensor <- rank q's slot q of buffer (s-2) (its reduced slice);
+ *   copy in piece s:    slice q of my tensor -> my slot q of buffer s, for every q != me.
+ * and a last copy-out of piece P-1 follows the final arrival. So P pieces cost P+1 arrivals.
+ * Reuse safety, seen from rank me's staging. In step s peers read: my slots q != me of buffer s-1 (piece
+ * s-1's copy-in, for their reduce) and my slot me of buffer s-2 = buffer s (my reduced slice of piece s-2,
+ * for their copy-out); I write my slots q != me of buffer s and my slot me of buffer s-1: other slots, so
+ * no conflict inside a step. What I overwrite (piece s-2's copy-in, piece s-3's reduced slice) was read by
+ * peers in step s-1, before the arrival of step s-1 that I waited for; and no peer starts step s+1 before
+ * my arrival of step s. Across calls the stage count continues: the trailing copy-out reads buffer P-1
+ * while the next call's step 0 writes only slots q != me of buffer P (the other one), and its step 1 comes
+ * after its first arrival, which peers make after their trailing copy-out. */
+static size_t piece_len(size_t count, size_t per_piece, size_t p) {
+    size_t off = p * per_piece;
+    return count - off < per_piece ? count - off : per_piece;
+}
+
+static acc_status staged_all_reduce(acc_shm_group *g, char *data, size_t count, size_t esz, acc_dtype dtype,
+                                    acc_redop op) {
+    const int N = g->nranks, me = g->rank;
+    const size_t slot = g->chunk_bytes / (size_t)N, per_piece = g->chunk_bytes / esz;
+    const size_t npieces = (count + per_piece - 1) / per_piece;
+    const uint32_t k0 = g->nstage;
+    g->nstage += (uint32_t)npieces;
+    const void *srcs[SHM_MAX_RANKS];
+    void *dsts[2];
+    size_t lo, hi;
+    acc_status st;
+    for (size_t s = 0; s <= npieces + 1; s++) {
+        if (s >= 1 && s - 1 < npieces) { /* reduce piece s-1 */
+            size_t m = piece_len(count, per_piece, s - 1);
+            uint32_t k = k0 + (uint32_t)(s - 1);
+            char *base = data + (s - 1) * per_piece * esz;
+            slice(m, esz, N, me, &lo, &hi);
+            for (int q = 0; q < N; q++) srcs[q] = q == me ? base + lo * esz : shm_staging(g, q, k) + (size_t)me * slot;
+            dsts[0] = base + lo * esz;
+            dsts[1] = shm_staging(g, me, k) + (size_t)me * slot;
+            if (hi > lo && (st = acc_reduce_n(dtype, op, srcs, N, dsts, N > 1 ? 2 : 1, hi - lo))) return st;
+        }
+        if (s >= 2) { /* copy out piece s-2 */
+            size_t m = piece_len(count, per_piece, s - 2);
+            uint32_t k = k0 + (uint32_t)(s - 2);
+            char *base = data + (s - 2) * per_piece * esz;
+            for (int q = 0; q < N; q++) {
+                if (q == me) continue;
+                slice(m, esz, N, q, &lo, &hi);
+                memcpy(base + lo * esz, shm_staging(g, q, k) + (size_t)q * slot, (hi - lo) * esz);
+            }
+        }
+        if (s == npieces + 1) break;
+        if (s < npieces) { /* copy in piece s */
+            size_t m = piece_len(count, per_piece, s);
+            char *base = data + s * per_piece * esz, *stg = shm_staging(g, me, k0 + (uint32_t)s);
+            for (int q = 0; q < N; q++) {
+                if (q == me) continue;
+                slice(m, esz, N, q, &lo, &hi);
+                memcpy(stg + (size_t)q * slot, base + lo * esz, (hi - lo) * esz);
+            }
+        }
+        if ((st = s == 0 ? first_sync(g, OP_ALL_REDUCE) : sync_again(g, OP_ALL_REDUCE))) return st;
+    }
+    return ACC_OK;
+}
+
 acc_status acc_shm_all_reduce(acc_shm_group *g, void *data, size_t count, acc_dtype dtype, acc_redop op) {
     if (!acc_reduce_supported(dtype, op)) {
         acc_set_error("shm all_reduce: op %d is not supported for dtype %s", (int)op, acc_dtype_name(dtype));
@@ -134,34 +206,7 @@ acc_status acc_shm_all_reduce(acc_shm_group *g, void *data, size_t count, acc_dt
         if (hi > lo && (st = acc_reduce_n(dtype, op, (const void *const *)dsts, N, dsts, N, hi - lo))) return st;
         return sync_again(g, OP_ALL_REDUCE);
     }
-    /* staged: peers only need the slices they reduce, so rank r publishes every slice but its own, reduces
-     * slice r from its own (private) tensor + the peers' staging, writes the sum to its tensor and to its
-     * staging slice r, and after the second arrival copies the other reduced slices from the peers. */
-    const size_t per_chunk = g->chunk_bytes / esz;
-    for (size_t off = 0; off < count; off += per_chunk) {
-        size_t m = count - off < per_chunk ? count - off : per_chunk;
-        uint32_t k = g->nstage++;
-        char *base = (char *)data + off * esz, *stg = shm_staging(g, me, k);
-        size_t lo, hi;
-        for (int q = 0; q < N; q++) {
-            if (q == me) continue;
-            slice(m, esz, N, q, &lo, &hi);
-            memcpy(stg + lo * esz, base + lo * esz, (hi - lo) * esz);
-        }
-        if ((st = off == 0 ? first_sync(g, OP_ALL_REDUCE) : sync_again(g, OP_ALL_REDUCE))) return st;
-        slice(m, esz, N, me, &lo, &hi);
-        for (int q = 0; q < N; q++) srcs[q] = (q == me ? base : shm_staging(g, q, k)) + lo * esz;
-        dsts[0] = base + lo * esz;
-        dsts[1] = stg + lo * esz;
-        if (hi > lo && (st = acc_reduce_n(dtype, op, srcs, N, dsts, N > 1 ? 2 : 1, hi - lo))) return st;
-        if ((st = sync_again(g, OP_ALL_REDUCE))) return st;
-        for (int q = 0; q < N; q++) {
-            if (q == me) continue;
-            slice(m, esz, N, q, &lo, &hi);
-            memcpy(base + lo * esz, shm_staging(g, q, k) + lo * esz, (hi - lo) * esz);
-        }
-    }
-    return ACC_OK;
+    return staged_all_reduce(g, (char *)data, count, esz, dtype, op);
 }
 
 acc_status acc_shm_reduce_scatter(acc_shm_group *g, const void *in, void *out, size_t count, acc_dtype dtype,
