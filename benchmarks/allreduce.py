@@ -23,7 +23,7 @@ QUICK_SIZES = [4 << 10, 1 << 20]
 
 
 def _reps(nbytes: int, quick: bool) -> int:
-    r = 300 if nbytes <= 64 << 10 else 40 if nbytes <= 1 << 20 else 6
+    r = 300 if nbytes <= 64 << 10 else 40 if nbytes <= 1 << 20 else 20 if nbytes <= 32 << 20 else 12
     return max(3, r // 5) if quick else r
 
 
