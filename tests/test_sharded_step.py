@@ -9,27 +9,13 @@ import os
 
 import pytest
 import torch
+from bitwise import same
 
 CONFIGS = ["adamw", "adam_amsgrad_groups", "sgd_nesterov", "sgd", "adamw_outside_param", "adamw_local_sgd"]
 
 
 def _load(out, name, rank):
     return torch.load(os.path.join(out, f"{name}.rank{rank}.pt"), weights_only=False)
-
-
-def _same(a, b, where):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            _same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} vs {b!r}"
 
 
 @pytest.mark.parametrize("nproc,precision,configs", [
@@ -46,11 +32,11 @@ def test_split_step_equals_unsplit(tmp_path, run, nproc, precision, configs):
             assert not ref["sharded"]
             got = _load(tmp_path / "split", name, r)
             assert got["sharded"] == (name != "adamw_outside_param"), name
-            _same(got["sums"], ref["sums"], f"{name} rank {r} per-step sums")
-            _same(got["params"], ref["params"], f"{name} rank {r} params")
-            _same(got["skipped"], ref["skipped"], f"{name} rank {r} skipped steps")
+            same(got["sums"], ref["sums"], f"{name} rank {r} per-step sums")
+            same(got["params"], ref["params"], f"{name} rank {r} params")
+            same(got["skipped"], ref["skipped"], f"{name} rank {r} skipped steps")
         ref = _load(tmp_path / "whole", name, 0)
-        _same(_load(tmp_path / "split", name, 0)["optimizer"], ref["optimizer"], f"{name} optimizer state_dict")
+        same(_load(tmp_path / "split", name, 0)["optimizer"], ref["optimizer"], f"{name} optimizer state_dict")
         if precision == "fp16":
             assert any(ref["skipped"]) and not all(ref["skipped"]), ref["skipped"]
 
