@@ -3,7 +3,6 @@
 # uninterrupted run, exact RNG restore, automatic naming/total_limit, SIGKILL during save, corrupt-file
 # errors, no pickle, save_model sharding, and a 2-process gloo save/load.
 import json
-import math
 import os
 import pickle
 import random
