@@ -3,7 +3,8 @@
 # parameters, the final parameters on every rank, the optimizer state_dict, skipped fp16 steps; over
 # AdamW, Adam+amsgrad with param groups, SGD (nesterov momentum, plain), an optimizer holding a parameter
 # outside the model (not split), an unused parameter, a state reload, a step through torch's optimizer,
-# and local-SGD steps under no_sync (per-rank gradients, so those steps are not split).
+# local-SGD steps under no_sync (per-rank gradients, so those steps are not split), and an optimizer over
+# the head only (the split and its state cover just those parameters).
 # Not for: N processes vs one process (test_parity.py covers that with the split step on).
 import os
 
@@ -11,7 +12,8 @@ import pytest
 import torch
 from bitwise import same
 
-CONFIGS = ["adamw", "adam_amsgrad_groups", "sgd_nesterov", "sgd", "adamw_outside_param", "adamw_local_sgd"]
+CONFIGS = ["adamw", "adam_amsgrad_groups", "sgd_nesterov", "sgd", "adamw_outside_param", "adamw_local_sgd",
+           "adamw_head_only"]
 
 
 def _load(out, name, rank):
@@ -32,6 +34,8 @@ def test_split_step_equals_unsplit(tmp_path, run, nproc, precision, configs):
             assert not ref["sharded"]
             got = _load(tmp_path / "split", name, r)
             assert got["sharded"] == (name != "adamw_outside_param"), name
+            if name == "adamw_head_only":  # state slots and split cover the head's 29 x 5 + 5 params only
+                assert got["split_numel"] == 150, got["split_numel"]
             same(got["sums"], ref["sums"], f"{name} rank {r} per-step sums")
             same(got["params"], ref["params"], f"{name} rank {r} params")
             same(got["skipped"], ref["skipped"], f"{name} rank {r} skipped steps")

@@ -18,12 +18,12 @@ from typing import Any, Optional
 
 import torch
 
-ALIGN = 16  # elements: slice boundaries on 64-byte lines, so two ranks never write the same cache line
+ALIGN = 16  # elements: slice lengths are rounded to whole 64-byte lines of fp32
 
 
 class ParamShards:
-    """The model's fp32 CPU parameters moved into one shared region (per-rank parts) and the split of the
-    flat parameter space between the local ranks. `shm` is the host-local ShmGroup."""
+    """The model's fp32 CPU parameters moved into one shared region (per-rank parts, same offsets).
+    `shm` is the host-local ShmGroup."""
 
     def __init__(self, params: list[torch.nn.Parameter], shm: Any, grad_sync: Any) -> None:
         self.shm = shm
@@ -34,7 +34,7 @@ class ParamShards:
         self.flat = shm.alloc(max(self.total, 1), torch.float32)
         self.parts = shm.parts(self.flat)
         self.offset: dict[int, int] = {}
-        self.params: list[torch.nn.Parameter] = []
+        self._ptr: dict[int, int] = {}
         off = 0
         with torch.no_grad():
             for p in mine:
@@ -43,23 +43,15 @@ class ParamShards:
                 view.copy_(p)
                 p.data = view
                 self.offset[id(p)] = off
-                self.params.append(p)
+                self._ptr[id(p)] = view.data_ptr()
                 off += n
-        per = -(-self.total // self.size)
-        per = -(-per // ALIGN) * ALIGN
-        self.bounds = [(min(q * per, self.total), min((q + 1) * per, self.total)) for q in range(self.size)]
-        self.lo, self.hi = self.bounds[self.rank]
         self.mirror_rank = (self.rank + 1) % self.size  # the peer the kernels write directly
 
-    def local_range(self, p: torch.Tensor) -> Optional[tuple[int, int]]:
-        """This rank's element range [a, b) inside `p`, or None when `p` is not (or no longer) in the region
-        (then every rank steps it whole)."""
-        off = self.offset.get(id(p))
-        if off is None or p.data_ptr() != self.flat[off:off + 1].data_ptr():
-            return None
-        n = p.numel()
-        a, b = max(self.lo, off), min(self.hi, off + n)
-        return (a - off, b - off) if b > a else (0, 0)
+    def resident(self, p: torch.Tensor) -> bool:
+        """True while p's data is still its slot in the region (replacing p.data after prepare takes it out:
+        then every rank steps it whole)."""
+        ptr = self._ptr.get(id(p))
+        return ptr is not None and p.data_ptr() == ptr
 
     def push(self, stepped: list[tuple[torch.Tensor, int, int]]) -> None:
         """Copies the slices this rank updated ((param, a, b) element ranges) into every peer's part but the
@@ -85,7 +77,21 @@ class OptimizerShard:
         self.keys = keys
         self.off = False  # True for good once a step used per-rank gradients
         self.stale = False  # True once a sharded step left other ranks' slices of our state out of date
-        total = shards.total
+        # This optimizer's own parameter space (its params in region order): the split and the state slots
+        # cover only them, so an optimizer over a few parameters of a big model (fine-tuning a head) costs
+        # state for those few, and its work is still halved.
+        params = {id(p): p for g in optimizer.param_groups for p in g["params"]}
+        order = sorted(params.values(), key=lambda p: shards.offset[id(p)])
+        self.soff: dict[int, int] = {}
+        total = 0
+        for p in order:
+            self.soff[id(p)] = total
+            total += p.numel()
+        self.total = total
+        per = -(-total // shards.size)
+        per = -(-per // ALIGN) * ALIGN
+        self.bounds = [(min(q * per, total), min((q + 1) * per, total)) for q in range(shards.size)]
+        self.lo, self.hi = self.bounds[shards.rank]
         self.flat = shards.shm.alloc(max(total * len(keys), 1), torch.float32)
         self.parts = shards.shm.parts(self.flat)
         self._hook = optimizer.register_state_dict_pre_hook(lambda opt: self.refresh(opt))
@@ -93,17 +99,26 @@ class OptimizerShard:
         # their ids from being reused while cached, so `is` tells a replaced tensor (e.g. after a reload).
         self._cache: dict = {}
 
+    def local_range(self, p: torch.Tensor) -> Optional[tuple[int, int]]:
+        """This rank's element range [a, b) inside `p`, or None when p is not split (not ours, or no longer
+        resident in the region)."""
+        off = self.soff.get(id(p))
+        if off is None or not self.shards.resident(p):
+            return None
+        a, b = max(self.lo, off), min(self.hi, off + p.numel())
+        return (a - off, b - off) if b > a else (0, 0)
+
     # -- state placement -----------------------------------------------------------------------------------
     def _slot(self, k: int, off: int, n: int, part: Optional[torch.Tensor] = None) -> torch.Tensor:
         base = (self.flat if part is None else part)
-        start = k * self.shards.total + off
+        start = k * self.total + off
         return base[start:start + n]
 
     def adopt(self, optimizer: torch.optim.Optimizer, p: torch.Tensor) -> bool:
         """Moves p's state tensors into their slots (a fresh state, or one torch's load_state_dict replaced);
         every rank holds the full state at that moment, so each copies its own. False when the state holds
         a tensor we have no slot for (then p is stepped whole on every rank)."""
-        off = self.shards.offset[id(p)]
+        off = self.soff[id(p)]
         state = optimizer.state.get(p)
         if not state:
             return True
@@ -138,7 +153,7 @@ class OptimizerShard:
                     or any(x is not y for x, y in zip(hit[2], sts))):
                 if lps is not None and lps[i] is not None:
                     continue
-                rng = self.shards.local_range(p)
+                rng = self.local_range(p)
                 if rng is None or not self.adopt(optimizer, p):
                     cache.pop(id(p), None)
                     continue
@@ -163,10 +178,9 @@ class OptimizerShard:
         """Completes this rank's copy of the state with the peers' slices (read from their parts)."""
         if not self.stale:
             return
-        sh = self.shards
         for group in optimizer.param_groups:
             for p in group["params"]:
-                off = sh.offset.get(id(p))
+                off = self.soff.get(id(p))
                 state = optimizer.state.get(p)
                 if off is None or not state:
                     continue
@@ -175,9 +189,9 @@ class OptimizerShard:
                     t = state.get(key)
                     if t is None or t.data_ptr() != self._slot(k, off, n).data_ptr():
                         continue
-                    for q, (lo, hi) in enumerate(sh.bounds):
+                    for q, (lo, hi) in enumerate(self.bounds):
                         a, b = max(lo, off), min(hi, off + n)
-                        if q != sh.rank and b > a:
+                        if q != self.shards.rank and b > a:
                             self._slot(k, a, b - a).copy_(self._slot(k, a, b - a, self.parts[q]))
         self.stale = False
 

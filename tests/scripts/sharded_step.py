@@ -39,6 +39,8 @@ def make_optimizer(name: str, model: Net, extra: torch.nn.Parameter) -> torch.op
         return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3)
     if name == "sgd":
         return torch.optim.SGD(model.parameters(), lr=0.05)
+    if name == "adamw_head_only":  # fine-tuning a head: the split and the state cover its params only
+        return torch.optim.AdamW(model.c.parameters(), lr=1e-2)
     if name == "adamw_outside_param":  # a parameter the model does not hold: the step is not split
         return torch.optim.AdamW(list(model.parameters()) + [extra], lr=1e-2)
     raise ValueError(name)
@@ -48,7 +50,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--configs", default="adamw,adam_amsgrad_groups,sgd_nesterov,sgd,adamw_outside_param,"
-                                         "adamw_local_sgd")
+                                         "adamw_local_sgd,adamw_head_only")
     ap.add_argument("--precision", default="no")
     ap.add_argument("--steps", type=int, default=8)
     args = ap.parse_args()
@@ -83,8 +85,9 @@ def main() -> None:
                 opt.load_state_dict(opt.state_dict())
             sums.append(float(sum(p.detach().double().sum() for p in model.parameters())))
         inner = acc.unwrap_model(model)
+        shard = getattr(opt.optimizer, "_accelerate_c_shard", None)
         rec = {"params": {k: v.clone() for k, v in inner.state_dict().items()}, "sums": sums, "skipped": skipped,
-               "sharded": getattr(opt.optimizer, "_accelerate_c_shard", None) is not None}
+               "sharded": shard is not None, "split_numel": shard.total if shard is not None else 0}
         if acc.is_main_process:
             rec["optimizer"] = opt.state_dict()
         torch.save(rec, os.path.join(args.out, f"{name}.rank{acc.process_index}.pt"))
