@@ -2,9 +2,9 @@
 # bit for bit what every rank stepping everything gives (ACCELERATE_C_SHARDED_STEP=0): every step's
 # parameters, the final parameters on every rank, the optimizer state_dict, skipped fp16 steps; over
 # AdamW, Adam+amsgrad with param groups, SGD (nesterov momentum, plain), an optimizer holding a parameter
-# outside the model (not split), an unused parameter, a state reload, a step through torch's optimizer,
-# local-SGD steps under no_sync (per-rank gradients, so those steps are not split), and an optimizer over
-# the head only (the split and its state cover just those parameters).
+# outside the model (stepped whole, the rest split), an unused and a frozen parameter, a state reload, a
+# step through torch's optimizer, local-SGD steps under no_sync (per-rank gradients, so those steps are
+# not split), and an optimizer over the head only (the split and its state cover just those parameters).
 # Not for: N processes vs one process (test_parity.py covers that with the split step on).
 import os
 
@@ -33,7 +33,7 @@ def test_split_step_equals_unsplit(tmp_path, run, nproc, precision, configs):
             ref = _load(tmp_path / "whole", name, r)  # ranks differ only under local SGD
             assert not ref["sharded"]
             got = _load(tmp_path / "split", name, r)
-            assert got["sharded"] == (name != "adamw_outside_param"), name
+            assert got["sharded"], name
             if name == "adamw_head_only":  # state slots and split cover the head's 29 x 5 + 5 params only
                 assert got["split_numel"] == 150, got["split_numel"]
             same(got["sums"], ref["sums"], f"{name} rank {r} per-step sums")

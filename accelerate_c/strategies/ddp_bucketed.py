@@ -254,20 +254,23 @@ class BucketedDataParallel(DataParallel):
         wrapped = super().prepare_model(model, device_placement, evaluation_mode)
         host = None if evaluation_mode else self._host_group()
         if host is not None:
-            # frozen ones too: an optimizer built over model.parameters() holds them (they get no gradient)
+            # trainable ones (frozen ones, e.g. a base model under adapters, stay where they are; one unfrozen
+            # later is stepped whole on every rank)
             try:
-                self._param_shards.append(ParamShards(list(wrapped.module.parameters()), host, wrapped._grad_sync))
+                params = [p for p in wrapped.module.parameters() if p.requires_grad]
+                self._param_shards.append(ParamShards(params, host, wrapped._grad_sync))
             except RuntimeError as e:  # e.g. /dev/shm too small: the same on every rank (the error is shared)
                 warnings.warn(f"accelerate_c: every rank steps every parameter (no split optimizer step): {e}")
         return wrapped
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        # Split the step only when one prepared model holds every parameter of the optimizer (decided
-        # identically on every rank: the region allocation below is collective).
+        # Split the step over the optimizer's parameters that the first prepared model holding any of them
+        # moved into shared memory (the others are stepped whole on every rank). Decided identically on every
+        # rank: the region allocation below is collective.
         keys = state_keys(optimizer)
         params = {id(p) for g in optimizer.param_groups for p in g["params"]}
         for shards in self._param_shards:
-            if keys is not None and params and params <= shards.offset.keys():
+            if keys is not None and not params.isdisjoint(shards.offset.keys()):
                 try:
                     shard = OptimizerShard(optimizer, shards, keys)
                 except RuntimeError as e:

@@ -77,10 +77,10 @@ class OptimizerShard:
         self.keys = keys
         self.off = False  # True for good once a step used per-rank gradients
         self.stale = False  # True once a sharded step left other ranks' slices of our state out of date
-        # This optimizer's own parameter space (its params in region order): the split and the state slots
-        # cover only them, so an optimizer over a few parameters of a big model (fine-tuning a head) costs
-        # state for those few, and its work is still halved.
-        params = {id(p): p for g in optimizer.param_groups for p in g["params"]}
+        # This optimizer's own parameter space (its params in the region, in region order): the split and
+        # the state slots cover only them, so an optimizer over a few parameters of a big model (fine-tuning
+        # a head) costs state for those few, and its work is still halved.
+        params = {id(p): p for g in optimizer.param_groups for p in g["params"] if id(p) in shards.offset}
         order = sorted(params.values(), key=lambda p: shards.offset[id(p)])
         self.soff: dict[int, int] = {}
         total = 0

@@ -41,7 +41,7 @@ def make_optimizer(name: str, model: Net, extra: torch.nn.Parameter) -> torch.op
         return torch.optim.SGD(model.parameters(), lr=0.05)
     if name == "adamw_head_only":  # fine-tuning a head: the split and the state cover its params only
         return torch.optim.AdamW(model.c.parameters(), lr=1e-2)
-    if name == "adamw_outside_param":  # a parameter the model does not hold: the step is not split
+    if name == "adamw_outside_param":  # a parameter the model does not hold: stepped whole on every rank
         return torch.optim.AdamW(list(model.parameters()) + [extra], lr=1e-2)
     raise ValueError(name)
 
