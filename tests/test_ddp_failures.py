@@ -3,7 +3,8 @@
 # step, or by the test from outside) ends the job within 30 s naming the rank, with no rank left running and
 # nothing of the job left in /dev/shm; accelerator.reduce / gather with a dead peer or with mismatched sizes
 # (debug mode off) raise clear errors on the survivors instead of hanging; two simultaneous launches get
-# distinct 0600 segments and leave nothing behind. Transport-level failure cases live in test_shm.py.
+# distinct 0600 segments and leave nothing behind; Ctrl-C mid-training stops the whole job promptly.
+# Transport-level failure cases live in test_shm.py.
 # Every process is bounded by a timeout and killed by the test if it outlives it.
 import json
 import os
@@ -37,11 +38,11 @@ def _alive(pid) -> bool:
         return False
 
 
-def _launch(out, *args, nproc=2) -> subprocess.Popen:
+def _launch(out, *args, nproc=2, new_session=False) -> subprocess.Popen:
     out.mkdir(exist_ok=True)
     return subprocess.Popen([sys.executable, "-m", "accelerate_c", "launch", "-q", "--cpu", "--num_processes",
                              str(nproc), SCRIPT, "--out", str(out), *args], env=clean_env(), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=new_session)
 
 
 def _finish(proc, timeout=60):
@@ -101,6 +102,32 @@ def test_rank_sigkilled_from_outside_mid_training(tmp_path):
     finally:
         rc, so, se = _finish(proc)
     _check_killed_job(out, rc, se, time.monotonic() - start, 1)
+
+
+def test_ctrl_c_mid_training_stops_the_job(tmp_path):
+    """Ctrl-C (SIGINT to the launcher's whole process group, as a terminal sends it) while both ranks train:
+    the job ends long before the 60 s collective timeout, non-zero, no rank left, nothing in /dev/shm. A rank
+    waiting inside a C collective notices its interrupted peer's death (checked every 0.1 s)."""
+    out = tmp_path / "out"
+    proc = _launch(out, "--steps", "0", "--ready_step", "3", "--timeout", "60", new_session=True)
+    start = time.monotonic()
+    try:
+        deadline = time.monotonic() + 60
+        while not all((out / f"ready{r}").exists() for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(0.05)
+        start = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+    finally:
+        rc, so, se = _finish(proc)
+    elapsed = time.monotonic() - start
+    infos = [_info(out, r) for r in (0, 1)]
+    alive = [i["pid"] for i in infos if _alive(i["pid"])]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert rc != 0 and elapsed < 20, (rc, elapsed, se[-3000:])
+    assert "received SIGINT" in se, se[-3000:]
+    assert not alive and _shm_of(infos[0]["master_port"]) == []
 
 
 def _spawn_two(out, mode, timeout=60):
