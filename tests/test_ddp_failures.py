@@ -59,6 +59,14 @@ def _finish(proc, timeout=60):
     return proc.returncode, out, err
 
 
+def _wait_ready(proc, out, timeout=60) -> None:
+    """Until both ranks wrote their ready file (they are in their training loops)."""
+    deadline = time.monotonic() + timeout
+    while not all((out / f"ready{r}").exists() for r in (0, 1)):
+        assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+        time.sleep(0.05)
+
+
 def _check_killed_job(out, rc, err, elapsed, victim):
     infos = [_info(out, r) for r in (0, 1)]
     port, pid0 = infos[0]["master_port"], infos[0]["pid"]
@@ -92,10 +100,7 @@ def test_rank_sigkilled_from_outside_mid_training(tmp_path):
     proc = _launch(out, "--steps", "0", "--ready_step", "3")
     start = time.monotonic()
     try:
-        deadline = time.monotonic() + 60
-        while not all((out / f"ready{r}").exists() for r in (0, 1)):
-            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
-            time.sleep(0.05)
+        _wait_ready(proc, out)
         pid1 = _info(out, 1)["pid"]
         start = time.monotonic()
         os.kill(pid1, signal.SIGKILL)  # both ranks are in their training loops (steps: until stopped)
@@ -112,10 +117,7 @@ def test_ctrl_c_mid_training_stops_the_job(tmp_path):
     proc = _launch(out, "--steps", "0", "--ready_step", "3", "--timeout", "60", new_session=True)
     start = time.monotonic()
     try:
-        deadline = time.monotonic() + 60
-        while not all((out / f"ready{r}").exists() for r in (0, 1)):
-            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
-            time.sleep(0.05)
+        _wait_ready(proc, out)
         start = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
     finally:
