@@ -74,6 +74,40 @@ static int get_int(PyObject *o, int *out) {
     return 0;
 }
 
+/* Item i's param (fp32) and grad (fp32/bf16/fp16, same numel): the part every optimizer kernel shares. */
+static int borrow_param_grad(PyObject *module, PyObject *params, PyObject *grads, Py_ssize_t i, float **param,
+                             const void **grad, acc_dtype *grad_dtype, int64_t *numel) {
+    acc_tensor t;
+    if (!(*param = borrow_item(module, params, i, "params", ACC_F32, -1, &t))) return -1;
+    *numel = t.numel;
+    if (!(*grad = borrow_item(module, grads, i, "grads", -1, *numel, &t))) return -1;
+    *grad_dtype = t.dtype;
+    if (!grad_dtype_ok(t.dtype)) {
+        PyErr_Format(PyExc_TypeError, "grads[%zd]: dtype %s not supported", i, acc_dtype_name(t.dtype));
+        return -1;
+    }
+    return 0;
+}
+
+/* Item i's optional outputs: a bf16/fp16 copy (low_precision_outs) and an fp32 copy (mirrors) of the
+ * updated param; lists or entries that are None leave the pointer NULL. */
+static int borrow_outputs(PyObject *module, PyObject *lps, PyObject *mirrors, Py_ssize_t i, int64_t numel,
+                          void **lp_out, acc_dtype *lp_dtype, float **mirror) {
+    acc_tensor t;
+    if (lps && seq_item(lps, i) != Py_None) {
+        if (!(*lp_out = borrow_item(module, lps, i, "low_precision_outs", -1, numel, &t))) return -1;
+        if (t.dtype != ACC_BF16 && t.dtype != ACC_F16) {
+            PyErr_Format(PyExc_TypeError, "low_precision_outs[%zd] must be bfloat16 or float16", i);
+            return -1;
+        }
+        *lp_dtype = t.dtype;
+    }
+    if (mirrors && seq_item(mirrors, i) != Py_None &&
+        !(*mirror = borrow_item(module, mirrors, i, "mirrors", ACC_F32, numel, &t)))
+        return -1;
+    return 0;
+}
+
 /* ---- adam_step --------------------------------------------------------------------------------------- */
 
 static PyObject *py_adam_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -125,30 +159,14 @@ static PyObject *py_adam_step(PyObject *module, PyObject *const *args, Py_ssize_
     for (Py_ssize_t i = 0; i < n; i++) {
         acc_tensor t;
         acc_adam_tensor *x = &ts[i];
-        if (!(x->param = borrow_item(module, params, i, "params", ACC_F32, -1, &t))) goto fail;
-        int64_t numel = t.numel;
+        int64_t numel;
+        if (borrow_param_grad(module, params, grads, i, &x->param, &x->grad, &x->grad_dtype, &numel) < 0) goto fail;
         x->n = (size_t)numel;
-        if (!(x->grad = borrow_item(module, grads, i, "grads", -1, numel, &t))) goto fail;
-        x->grad_dtype = t.dtype;
-        if (!grad_dtype_ok(t.dtype)) {
-            PyErr_Format(PyExc_TypeError, "grads[%zd]: dtype %s not supported", i, acc_dtype_name(t.dtype));
-            goto fail;
-        }
         if (!(x->exp_avg = borrow_item(module, ms, i, "exp_avgs", ACC_F32, numel, &t))) goto fail;
         if (!(x->exp_avg_sq = borrow_item(module, vs, i, "exp_avg_sqs", ACC_F32, numel, &t))) goto fail;
         if (cfg.amsgrad && !(x->max_exp_avg_sq = borrow_item(module, maxs, i, "max_exp_avg_sqs", ACC_F32, numel, &t)))
             goto fail;
-        if (lps && seq_item(lps, i) != Py_None) {
-            if (!(x->lp_out = borrow_item(module, lps, i, "low_precision_outs", -1, numel, &t))) goto fail;
-            if (t.dtype != ACC_BF16 && t.dtype != ACC_F16) {
-                PyErr_Format(PyExc_TypeError, "low_precision_outs[%zd] must be bfloat16 or float16", i);
-                goto fail;
-            }
-            x->lp_dtype = t.dtype;
-        }
-        if (mirrors && seq_item(mirrors, i) != Py_None &&
-            !(x->mirror = borrow_item(module, mirrors, i, "mirrors", ACC_F32, numel, &t)))
-            goto fail;
+        if (borrow_outputs(module, lps, mirrors, i, numel, &x->lp_out, &x->lp_dtype, &x->mirror) < 0) goto fail;
         if (step_list) {
             if (!borrow_item(module, steps, i, "steps", -1, 1, &st_t[i])) goto fail;
             if (st_t[i].dtype == ACC_F32) x->step = (double)*(float *)st_t[i].data + 1.0;
@@ -213,15 +231,9 @@ static PyObject *py_sgd_step(PyObject *module, PyObject *const *args, Py_ssize_t
     for (Py_ssize_t i = 0; i < n; i++) {
         acc_tensor t;
         acc_sgd_tensor *x = &ts[i];
-        if (!(x->param = borrow_item(module, params, i, "params", ACC_F32, -1, &t))) goto fail;
-        int64_t numel = t.numel;
+        int64_t numel;
+        if (borrow_param_grad(module, params, grads, i, &x->param, &x->grad, &x->grad_dtype, &numel) < 0) goto fail;
         x->n = (size_t)numel;
-        if (!(x->grad = borrow_item(module, grads, i, "grads", -1, numel, &t))) goto fail;
-        x->grad_dtype = t.dtype;
-        if (!grad_dtype_ok(t.dtype)) {
-            PyErr_Format(PyExc_TypeError, "grads[%zd]: dtype %s not supported", i, acc_dtype_name(t.dtype));
-            goto fail;
-        }
         if (cfg.momentum != 0.0) {
             if (!(x->momentum_buf = borrow_item(module, bufs, i, "momentum_buffers", ACC_F32, numel, &t))) goto fail;
             if (inits) {
@@ -230,17 +242,7 @@ static PyObject *py_sgd_step(PyObject *module, PyObject *const *args, Py_ssize_t
                 x->init_buf = b;
             }
         }
-        if (lps && seq_item(lps, i) != Py_None) {
-            if (!(x->lp_out = borrow_item(module, lps, i, "low_precision_outs", -1, numel, &t))) goto fail;
-            if (t.dtype != ACC_BF16 && t.dtype != ACC_F16) {
-                PyErr_Format(PyExc_TypeError, "low_precision_outs[%zd] must be bfloat16 or float16", i);
-                goto fail;
-            }
-            x->lp_dtype = t.dtype;
-        }
-        if (mirrors && seq_item(mirrors, i) != Py_None &&
-            !(x->mirror = borrow_item(module, mirrors, i, "mirrors", ACC_F32, numel, &t)))
-            goto fail;
+        if (borrow_outputs(module, lps, mirrors, i, numel, &x->lp_out, &x->lp_dtype, &x->mirror) < 0) goto fail;
     }
     acc_status st;
     Py_BEGIN_ALLOW_THREADS
