@@ -88,6 +88,10 @@ acc_status acc_segments_parallel(const size_t *ns, size_t nseg, int nthreads, ac
 acc_status acc_grads_nonfinite(const void *const *grads, const acc_dtype *dts, const size_t *ns, size_t nseg,
                                float scale, int nthreads, int *found);
 
+/* Tensor k's gradient dtype (ACC_F32, ACC_BF16, ACC_F16) and, when lp_out is set, its low-precision copy's
+ * dtype (ACC_BF16, ACC_F16): ACC_ERR_DTYPE with the error text set otherwise. */
+acc_status acc_optim_check_dtypes(size_t k, acc_dtype grad_dtype, const void *lp_out, acc_dtype lp_dtype);
+
 /* Work below this many elements per thread is not worth a thread. */
 #define ACC_OPTIM_MIN_PER_THREAD ((size_t)1 << 15)
 

@@ -47,14 +47,8 @@ acc_status acc_sgd_step(const acc_sgd_config *cfg, const acc_sgd_tensor *ts, siz
     if (nt == 0) return ACC_OK;
     for (size_t k = 0; k < nt; k++) {
         const acc_sgd_tensor *x = &ts[k];
-        if (x->grad_dtype != ACC_F32 && x->grad_dtype != ACC_BF16 && x->grad_dtype != ACC_F16) {
-            acc_set_error("tensor %zu: gradient dtype %s is not supported", k, acc_dtype_name(x->grad_dtype));
-            return ACC_ERR_DTYPE;
-        }
-        if (x->lp_out && x->lp_dtype != ACC_BF16 && x->lp_dtype != ACC_F16) {
-            acc_set_error("tensor %zu: low-precision copy must be bfloat16 or float16", k);
-            return ACC_ERR_DTYPE;
-        }
+        acc_status st = acc_optim_check_dtypes(k, x->grad_dtype, x->lp_out, x->lp_dtype);
+        if (st) return st;
         if (cfg->momentum != 0.0 && !x->momentum_buf) {
             acc_set_error("tensor %zu: momentum != 0 needs a momentum buffer", k);
             return ACC_ERR_ARG;
