@@ -23,7 +23,7 @@ ALIGN = 16  # elements: slice lengths are rounded to whole 64-byte lines of fp32
 
 class ParamShards:
     """The model's fp32 CPU parameters moved into one shared region (per-rank parts, same offsets).
-    `shm` is the host-local ShmGroup."""
+    `shm` is the host-local ShmGroup, of 2 or more ranks."""
 
     def __init__(self, params: list[torch.nn.Parameter], shm: Any, grad_sync: Any) -> None:
         self.shm = shm
@@ -75,7 +75,7 @@ class OptimizerShard:
     def __init__(self, optimizer: torch.optim.Optimizer, shards: ParamShards, keys: tuple[str, ...]) -> None:
         self.shards = shards
         self.keys = keys
-        self.off = False  # True for good once a step used per-rank gradients
+        self.disabled = False  # True for good once a step used per-rank gradients
         self.stale = False  # True once a sharded step left other ranks' slices of our state out of date
         # This optimizer's own parameter space (its params in the region, in region order): the split and
         # the state slots cover only them, so an optimizer over a few parameters of a big model (fine-tuning
@@ -143,27 +143,30 @@ class OptimizerShard:
         cut: list = []
         mirrors: list = [None] * len(params)
         cache = self._cache
-        for i, p in enumerate(params):
-            g = grads[i]
+
+        def state_tensors(p: torch.Tensor, i: int) -> tuple:
             state = optimizer.state.get(p, {})
-            sts = tuple(state.get(key) if lst is not None and lst[i] is not None else None
-                        for key, lst in state_lists.items())
+            return tuple(state.get(key) if lst is not None and lst[i] is not None else None
+                         for key, lst in state_lists.items())
+
+        for i, p in enumerate(params):
+            if lps is not None and lps[i] is not None:  # a low-precision copy is written whole: not split
+                continue
+            g = grads[i]
+            sts = state_tensors(p, i)
             hit = cache.get(id(p))
             if (hit is None or hit[0] != p.data_ptr() or hit[1] is not g
                     or any(x is not y for x, y in zip(hit[2], sts))):
-                if lps is not None and lps[i] is not None:
-                    continue
                 rng = self.local_range(p)
                 if rng is None or not self.adopt(optimizer, p):
                     cache.pop(id(p), None)
                     continue
-                sts = tuple(state.get(key) if lst is not None and lst[i] is not None else None
-                            for key, lst in state_lists.items())  # adopt may have replaced them
+                sts = state_tensors(p, i)  # adopt may have replaced them
                 a, b = rng
                 off = self.shards.offset[id(p)]
                 views = (p.detach().view(-1)[a:b], g.view(-1)[a:b],
                          tuple(t.view(-1)[a:b] if t is not None else None for t in sts),
-                         self.shards.parts[self.shards.mirror_rank][off + a:off + b] if self.shards.size > 1 else None)
+                         self.shards.parts[self.shards.mirror_rank][off + a:off + b])
                 hit = (p.data_ptr(), g, sts, (a, b), views)
                 cache[id(p)] = hit
             a, b = hit[3]
@@ -200,11 +203,9 @@ class OptimizerShard:
         """The split needs identical gradients, params and state on every rank. A step after a backward under
         no_sync (e.g. local SGD) uses each rank's own gradients, so params and state diverge from then on:
         every later step is unsplit too. The same answer on every rank."""
-        if self.off:
-            return False
         if not self.shards.grad_sync.in_sync:
-            self.off = True
-        return not self.off
+            self.disabled = True
+        return not self.disabled
 
     def begin(self) -> None:
         self.shards.shm.barrier()  # A: no peer still reads its parameters (we write into its part)
@@ -212,7 +213,7 @@ class OptimizerShard:
     def end(self, stepped: list[tuple[torch.Tensor, int, int]]) -> None:
         self.shards.push(stepped)
         self.shards.shm.barrier()  # B: every slice is in every part before anyone's next forward
-        self.stale = self.shards.size > 1
+        self.stale = True
 
     def before_unsharded_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Every rank is about to step the whole optimizer itself (a configuration the kernels do not take):
