@@ -47,6 +47,15 @@ def run_script(script: str, args: list, nproc: int = 1, launcher: str = "torchru
     return proc
 
 
+def alive(pid: int) -> bool:
+    """True while process `pid` runs (a zombie waiting for its parent counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 @pytest.fixture
 def run():
     return run_script

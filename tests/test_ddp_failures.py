@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, SCRIPTS, clean_env, free_port
+from conftest import ROOT, SCRIPTS, alive, clean_env, free_port
 
 SCRIPT = os.path.join(SCRIPTS, "ddp_fault.py")
 
@@ -28,14 +28,6 @@ def _shm_of(port) -> list:
 def _info(out, rank) -> dict:
     with open(os.path.join(out, f"info{rank}.json")) as fh:
         return json.load(fh)
-
-
-def _alive(pid) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _launch(out, *args, nproc=2, new_session=False) -> subprocess.Popen:
@@ -80,10 +72,10 @@ def _check_killed_job(out, rc, err, elapsed, victim):
     later = f"rank {victim} killed by signal SIGKILL"
     assert first in line[-1] or (later in line[-1] and f"peer rank(s) {victim}" in line[-1]), line[-1]
     assert "still training" not in err  # no rank ran into its own time limit
-    alive = [i["pid"] for i in infos if _alive(i["pid"])]
-    for pid in alive:
+    running = [i["pid"] for i in infos if alive(i["pid"])]
+    for pid in running:
         os.kill(pid, signal.SIGKILL)  # leave nothing running even when the check fails
-    assert not alive
+    assert not running
     assert _shm_of(port) == []
 
 
@@ -124,12 +116,12 @@ def test_ctrl_c_mid_training_stops_the_job(tmp_path):
         rc, so, se = _finish(proc)
     elapsed = time.monotonic() - start
     infos = [_info(out, r) for r in (0, 1)]
-    alive = [i["pid"] for i in infos if _alive(i["pid"])]
-    for pid in alive:
+    running = [i["pid"] for i in infos if alive(i["pid"])]
+    for pid in running:
         os.kill(pid, signal.SIGKILL)
     assert rc != 0 and elapsed < 20, (rc, elapsed, se[-3000:])
     assert "received SIGINT" in se, se[-3000:]
-    assert not alive and _shm_of(infos[0]["master_port"]) == []
+    assert not running and _shm_of(infos[0]["master_port"]) == []
 
 
 def _spawn_two(out, mode, timeout=60):

@@ -16,6 +16,7 @@ import pytest
 
 from accelerate_c.commands import launch
 from accelerate_c.commands.config_args import ClusterConfig, ConfigError, save_config
+from conftest import alive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -233,38 +234,37 @@ def test_two_machines_failure_stops_both(tmp_path, failing_rank):
         assert f"ValueError: boom on global rank {failing_rank}" in line
     assert "stopped this machine's ranks because machine" in lines[1 - failing_rank // 2]
 
-def test_ranks_die_with_a_killed_launcher(tmp_path):
+def _launch_sleepers(tmp_path):
+    """Launches 2 ranks that write pid<rank> into tmp_path and sleep; returns once both wrote it."""
     script = tmp_path / "sleep.py"
     script.write_text("import os, sys, time\n"
                       "open(os.path.join(sys.argv[1], 'pid' + os.environ['RANK']), 'w').write(str(os.getpid()))\n"
                       "time.sleep(120)\n")
     proc = cli(["launch", "--num_processes", "2", "--cpu", str(script), str(tmp_path)], tmp_path)
-    try:
-        deadline = time.monotonic() + 60
-        while not all((tmp_path / f"pid{r}").exists() for r in (0, 1)):
-            assert time.monotonic() < deadline and proc.poll() is None, "ranks did not start"
-            time.sleep(0.1)
-    finally:
-        proc.kill()  # SIGKILL: the launcher cannot clean up itself
-        proc.wait()  # not communicate(): surviving ranks would hold the pipes open
-        proc.stdout.close()
-        proc.stderr.close()
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"pid{r}").exists() for r in (0, 1)):
+        if time.monotonic() >= deadline or proc.poll() is not None:
+            proc.kill()
+            proc.wait()
+            pytest.fail("ranks did not start")
+        time.sleep(0.1)
+    return proc
+
+
+def test_ranks_die_with_a_killed_launcher(tmp_path):
+    proc = _launch_sleepers(tmp_path)
+    proc.kill()  # SIGKILL: the launcher cannot clean up itself
+    proc.wait()  # not communicate(): surviving ranks would hold the pipes open
+    proc.stdout.close()
+    proc.stderr.close()
     pids = [int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)]
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.1)
-    survivors = [p for p in pids if _alive(p)]
+    survivors = [p for p in pids if alive(p)]
     for p in survivors:
         os.kill(p, signal.SIGKILL)  # leave nothing running even when the check fails
     assert not survivors
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"  # a zombie waiting for init counts as dead
-    except FileNotFoundError:
-        return False
 
 
 def test_host_id_flag(tmp_path, env_script):
@@ -277,16 +277,8 @@ def test_host_id_flag(tmp_path, env_script):
 
 
 def test_sigterm_stops_ranks(tmp_path):
-    script = tmp_path / "sleep.py"
-    script.write_text("import os, sys, time\n"
-                      "open(os.path.join(sys.argv[1], 'pid' + os.environ['RANK']), 'w').write(str(os.getpid()))\n"
-                      "time.sleep(120)\n")
-    proc = cli(["launch", "--num_processes", "2", "--cpu", str(script), str(tmp_path)], tmp_path)
+    proc = _launch_sleepers(tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while not all((tmp_path / f"pid{r}").exists() for r in (0, 1)):
-            assert time.monotonic() < deadline and proc.poll() is None, "ranks did not start"
-            time.sleep(0.1)
         time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         rc, _, se = finish(proc, timeout=30)
