@@ -5,18 +5,18 @@
 # Not for: correctness (tests/test_shm.py).
 # Run: python benchmarks/allreduce.py [--quick] [--nprocs N] [--no-record]
 import argparse
-import datetime
 import os
 import socket
-import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from _results import append_results, median_time  # noqa: E402
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 25 << 20, 64 << 20]
 QUICK_SIZES = [4 << 10, 1 << 20]
@@ -28,14 +28,7 @@ def _reps(nbytes: int, quick: bool) -> int:
 
 
 def _median_us(fn, reps: int) -> float:
-    for _ in range(2):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e6
+    return median_time(fn, reps, warmup=2) * 1e6
 
 
 def worker(rank: int, ws: int, port: int, sizes: list, quick: bool, q) -> None:
@@ -110,11 +103,9 @@ def main() -> None:
     print(f"all_reduce fp32, {a.nprocs} processes x 1 thread, median latency; algbw = bytes / time")
     print(out)
     if not a.quick and not a.no_record:
-        cmd = "python benchmarks/allreduce.py" + (f" --nprocs {a.nprocs}" if a.nprocs != 2 else "")
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
-        with open(path, "a") as f:
-            f.write(f"\n## all_reduce (shm vs gloo)\n\n`{cmd}` — {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, "
-                    f"torch {torch.__version__}, {os.cpu_count()} CPUs\n\n{out}\n")
+        append_results("all_reduce (shm vs gloo), benchmarks/allreduce.py",
+                       [f"all_reduce fp32, {a.nprocs} processes x 1 thread, median latency, torch {torch.__version__}",
+                        "", out])
 
 
 if __name__ == "__main__":
