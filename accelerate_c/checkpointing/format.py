@@ -265,15 +265,21 @@ def write_state(directory: PathLike, name: str, obj: Any, kind: str) -> list[str
     return files
 
 
+def check_format(path: PathLike, doc: Any, name: str, version: int, what: str) -> dict:
+    """`doc` (read from `path`) must be a JSON object of format `name`, version `version`; else a
+    CheckpointError naming the file (`what`: e.g. "state file")."""
+    if not isinstance(doc, dict) or doc.get("format") != name:
+        raise CheckpointError(f"checkpoint file {path} is not an accelerate_c {what}")
+    if doc.get("version") != version:
+        raise CheckpointError(f"checkpoint file {path} has format version {doc.get('version')!r}; this "
+                              f"accelerate_c reads version {version}")
+    return doc
+
+
 def read_state(directory: PathLike, name: str, kind: Optional[str] = None, device: str = "cpu") -> Any:
     """Reads a state file pair written by write_state; every problem is a CheckpointError naming the file."""
     path = os.path.join(directory, f"{name}.json")
-    doc = read_json(path)
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-        raise CheckpointError(f"checkpoint file {path} is not an accelerate_c state file")
-    if doc.get("version") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint file {path} has format version {doc.get('version')!r}; this "
-                              f"accelerate_c reads version {FORMAT_VERSION}")
+    doc = check_format(path, read_json(path), FORMAT_NAME, FORMAT_VERSION, "state file")
     if kind is not None and doc.get("kind") != kind:
         raise CheckpointError(f"checkpoint file {path} holds {doc.get('kind')!r} state, expected {kind!r}")
     tensors: dict[str, torch.Tensor] = {}

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from . import atomic
-from .format import CheckpointError, read_json, read_state, write_json, write_state
+from .format import CheckpointError, check_format, read_json, read_state, write_json, write_state
 from .model import fill_tied, load_model_file, write_model_file
 
 logger = logging.getLogger(__name__)
@@ -79,13 +79,7 @@ def read_checkpoint_info(checkpoint_dir: str) -> dict:
         hint = (f" It holds {pickled}: an HF Accelerate (pickle) checkpoint, which accelerate_c does not "
                 "unpickle." if pickled else " (not a checkpoint, or its save did not finish)")
         raise CheckpointError(f"checkpoint file {path} is missing.{hint}")
-    meta = read_json(path)
-    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"checkpoint file {path} is not an accelerate_c checkpoint index")
-    if meta.get("version") != CHECKPOINT_VERSION:
-        raise CheckpointError(f"checkpoint file {path} has format version {meta.get('version')!r}; this "
-                              f"accelerate_c reads version {CHECKPOINT_VERSION}")
-    return meta
+    return check_format(path, read_json(path), CHECKPOINT_FORMAT, CHECKPOINT_VERSION, "checkpoint index")
 
 
 @dataclass
