@@ -22,7 +22,7 @@ from .samplers import _ResumeSkip
 
 class _SkippableIndexSampler:
     """Mixin overriding DataLoader._index_sampler so a resumed epoch drops its first batches at the index
-    level (the data of skipped batches is never loaded)."""
+    level (the data of skipped batches is never loaded); also the epoch start both loaders share."""
 
     _skip_pending = (0, 0)
 
@@ -30,6 +30,21 @@ class _SkippableIndexSampler:
     def _index_sampler(self) -> Any:
         base = self.batch_sampler if self._auto_collation else self.sampler
         return _ResumeSkip(base, *self._skip_pending) if self._skip_pending[0] else base
+
+    def _begin_epoch(self, resume: Any) -> tuple[int, int]:
+        """Begins an epoch (resumed when `resume` is set): returns how many batches the sampler skips at the
+        index level and how many are fetched and discarded; sets the loader's position."""
+        self.begin()
+        self.set_epoch(self.iteration)
+        self._start_epoch(resume)
+        offset = self._sampler_offset()
+        wanted = resume.skip if resume is not None else 0
+        if isinstance(self.dataset, IterableDataset):
+            sampler_skip, discard = 0, max(self.skip_batches, wanted)
+        else:
+            sampler_skip, discard = max(0, wanted - offset), self.skip_batches
+        self._position = offset + sampler_skip
+        return sampler_skip, discard
 
     def _new_iterator(self, sampler_skip: int, keep: int = 0) -> Iterator[Any]:
         self._skip_pending = (sampler_skip, keep)
@@ -71,16 +86,7 @@ class DataLoaderShard(_SkippableIndexSampler, ResumableMixin, DataLoaderStateMix
         resume = self._take_resume()
         if resume is None and self.rng_types is not None:
             synchronize_rng_states(self.rng_types, self.synchronized_generator)
-        self.begin()
-        self.set_epoch(self.iteration)
-        self._start_epoch(resume)
-        offset = self._sampler_offset()
-        wanted = resume.skip if resume is not None else 0
-        if isinstance(self.dataset, IterableDataset):
-            sampler_skip, discard = 0, max(self.skip_batches, wanted)
-        else:
-            sampler_skip, discard = max(0, wanted - offset), self.skip_batches
-        self._position = offset + sampler_skip
+        sampler_skip, discard = self._begin_epoch(resume)
         with self._epoch_start_rng(resume):
             it = self._new_iterator(sampler_skip)
             current = next(it, _END)
@@ -204,16 +210,7 @@ class DataLoaderDispatcher(_SkippableIndexSampler, ResumableMixin, DataLoaderSta
 
     def __iter__(self) -> Iterator[Any]:
         resume = self._take_resume()
-        self.begin()
-        self.set_epoch(self.iteration)
-        self._start_epoch(resume)
-        offset = self._sampler_offset()
-        wanted = resume.skip if resume is not None else 0
-        if isinstance(self.dataset, IterableDataset):
-            sampler_skip, discard = 0, max(self.skip_batches, wanted)
-        else:
-            sampler_skip, discard = max(0, wanted - offset), self.skip_batches
-        self._position = offset + sampler_skip
+        sampler_skip, discard = self._begin_epoch(resume)
         n, rank = self.state.num_processes, self.state.process_index
         self._stop_iteration = False
         # A resumed epoch re-reads its first batch (not yielded): it pads the epoch's short last batch.
