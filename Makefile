@@ -12,7 +12,8 @@ $(STAMP): Makefile
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade "setuptools>=61" wheel
 	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q accelerate==1.15.0 safetensors pytest numpy tqdm pyyaml psutil
+	$(VPY) -m pip install -q accelerate==1.15.0 transformers==5.24.0 tensorboard==2.21.0 \
+		safetensors pytest numpy tqdm pyyaml psutil
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -9,6 +9,28 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 
+class _Contains(enum.EnumMeta):
+    """`"tensorboard" in LoggerType` works on values, as in HF."""
+
+    def __contains__(cls, item: Any) -> bool:
+        try:
+            cls(item)
+        except ValueError:
+            return False
+        return True
+
+
+class BaseEnum(enum.Enum, metaclass=_Contains):
+    """str(member) is its value; list() gives every value (HF's BaseEnum)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def list(cls) -> list[str]:
+        return [str(m) for m in cls]
+
+
 class DistributedType(str, enum.Enum):
     """The kind of distributed environment (HF's values; str so it serialises as JSON)."""
 
@@ -50,6 +72,43 @@ class RNGType(str, enum.Enum):
     XPU = "xpu"
     HPU = "hpu"
     GENERATOR = "generator"
+
+
+class LoggerType(BaseEnum):
+    """Experiment trackers `log_with` accepts (HF's values); "all" means every installed one."""
+
+    ALL = "all"
+    AIM = "aim"
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+    TRACKIO = "trackio"
+    COMETML = "comet_ml"
+    MLFLOW = "mlflow"
+    CLEARML = "clearml"
+    DVCLIVE = "dvclive"
+    SWANLAB = "swanlab"
+    JSONL = "jsonl"  # accelerate_c: a JSON-lines file per run, needs no package
+
+
+class DynamoBackend(str, BaseEnum):
+    """torch.compile backends under HF's names (the lower-cased value is what torch.compile takes)."""
+
+    NO = "NO"
+    EAGER = "EAGER"
+    AOT_EAGER = "AOT_EAGER"
+    INDUCTOR = "INDUCTOR"
+    AOT_TS_NVFUSER = "AOT_TS_NVFUSER"
+    NVPRIMS_NVFUSER = "NVPRIMS_NVFUSER"
+    CUDAGRAPHS = "CUDAGRAPHS"
+    OFI = "OFI"
+    FX2TRT = "FX2TRT"
+    ONNXRT = "ONNXRT"
+    TENSORRT = "TENSORRT"
+    AOT_TORCHXLA_TRACE_ONCE = "AOT_TORCHXLA_TRACE_ONCE"
+    TORCHXLA_TRACE_ONCE = "TORCHXLA_TRACE_ONCE"
+    TVM = "TVM"
+    HPU_BACKEND = "HPU_BACKEND"
+    NEURON = "NEURON"
 
 
 class SaveMode(str, enum.Enum):  # kept for callers that compare against it
