@@ -3,6 +3,8 @@
 # Not for: anything with behaviour of its own beyond re-exporting.
 from .dataclasses import (BaseEnum, DataLoaderConfiguration, DistributedType, DynamoBackend, GradientAccumulationPlugin,
                           KwargsHandler, LoggerType, PrecisionType, ProjectConfiguration, RNGType, TorchDynamoPlugin)
+from .imports import *  # noqa: F401,F403 - the is_*_available probes (cheap: nothing optional is imported)
+from .imports import compare_versions, is_torch_version, str_to_bool
 from .kwargs_handlers import (AutocastKwargs, DDPCommunicationHookType, DistributedDataParallelKwargs,
                               FP8RecipeKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
                               TERecipeKwargs)
