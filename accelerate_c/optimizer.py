@@ -99,8 +99,6 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Optional[Callable] = None) -> None:
         if not self.gradient_state.sync_gradients:
             return
-        if self.strategy is not None:
-            self.strategy.before_optimizer_step(self.optimizer)
         if self.precision is not None and self.scaler is not None:
             self._is_overflow = self.precision.step(self.optimizer, closure)
         else:

@@ -65,16 +65,9 @@ class Strategy:
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
         yield
 
-    def before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Called right before a synchronising optimizer step (a strategy may wait for in-flight
-        communication here)."""
-
     def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
         """Optionally zero the optimizer's gradients itself (e.g. in flat buffers); True if it did."""
         return False
-
-    def wait_for_gradients(self) -> None:
-        """Block until gradients of the last backward are final (communication finished)."""
 
     def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)

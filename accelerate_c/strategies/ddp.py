@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -16,22 +16,31 @@ from .base import Strategy
 
 
 class DataParallelModule(torch.nn.Module):
-    """Wraps the user's model like torch DDP: `.module` is the user's model, forward broadcasts buffers
-    from rank 0 when asked to, and gradients are synchronised at the end of each backward unless inside
-    `no_sync()`."""
+    """Wraps the user's model like torch DDP: `.module` is the user's model, gradients are synchronised at the end
+    of each backward unless inside `no_sync()`, and with broadcast_buffers rank 0's buffers are copied to every
+    rank at the start of a forward, on torch DDP's rule: when the previous forward ran with grad enabled outside
+    no_sync (or this is the first forward). `buffer_sync(buffers)` is the strategy's coalesced broadcast."""
 
     _accelerate_c_wrapper = True
 
-    def __init__(self, module: torch.nn.Module, sync: "GradSync", broadcast_buffers: bool) -> None:
+    def __init__(self, module: torch.nn.Module, sync: Any, buffer_sync: Optional[Callable[[list], None]]) -> None:
         super().__init__()
         self.module = module
         self._grad_sync = sync
-        self._broadcast_buffers = broadcast_buffers and any(True for _ in module.buffers())
+        self._buffer_sync = buffer_sync
+        self._sync_buffers_next = True  # torch DDP's require_forward_param_sync
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self._broadcast_buffers and torch.is_grad_enabled() and self.training:
-            _broadcast_tensors([b for b in self.module.buffers()], self._grad_sync.group)
-        return self.module(*args, **kwargs)
+        if self._buffer_sync is not None and self._sync_buffers_next:
+            buffers = [b for b in self.module.buffers()]  # again each time: a module may reassign a buffer
+            if buffers:
+                # in place, under no_grad, without bumping version counters (as torch DDP): a buffer saved
+                # for a pending backward (e.g. under no_sync accumulation) must not look modified
+                with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(tuple(buffers)):
+                    self._buffer_sync(buffers)
+        out = self.module(*args, **kwargs)
+        self._sync_buffers_next = torch.is_grad_enabled() and self._grad_sync.enabled
+        return out
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -43,10 +52,42 @@ class DataParallelModule(torch.nn.Module):
             self._grad_sync.enabled = prev
 
 
-def _broadcast_tensors(tensors: list[torch.Tensor], group: Any, src: int = 0) -> None:
-    with torch.no_grad():
-        for t in tensors:
-            dist.broadcast(t.data, src=src, group=group)
+BROADCAST_CHUNK_BYTES = 64 << 20  # coalesced broadcasts go in pieces of at most this (bounded extra memory)
+
+
+@torch.no_grad()
+def broadcast_coalesced(tensors: list[torch.Tensor], broadcast: Callable[[torch.Tensor], Any],
+                        chunk_bytes: int = BROADCAST_CHUNK_BYTES) -> None:
+    """Copies the src rank's `tensors` into every rank's in place, packed as raw bytes into few flat buffers
+    (one collective per chunk instead of one per tensor; any dtype). `broadcast(flat_uint8)` is the collective."""
+    pending: list[torch.Tensor] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal pending, size
+        if not pending:
+            return
+        offsets, off = [], 0
+        for t in pending:  # each tensor at a 16-byte aligned offset, so its bytes view back as its dtype
+            offsets.append(off)
+            off += -(-t.numel() * t.element_size() // 16) * 16
+        flat = torch.empty(off, dtype=torch.uint8, device=pending[0].device)
+        for t, o in zip(pending, offsets):
+            flat[o:o + t.numel() * t.element_size()].copy_(t.contiguous().view(-1).view(torch.uint8))
+        broadcast(flat)
+        for t, o in zip(pending, offsets):
+            t.copy_(flat[o:o + t.numel() * t.element_size()].view(t.dtype).view(t.shape))
+        pending, size = [], 0
+
+    for t in tensors:
+        if t.numel() == 0:
+            continue
+        nbytes = t.numel() * t.element_size()
+        if pending and (size + nbytes > chunk_bytes or pending[0].device != t.device):
+            flush()
+        pending.append(t.data)
+        size += nbytes
+    flush()
 
 
 class GradSync:
@@ -65,6 +106,8 @@ class GradSync:
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
 
     def _on_grad(self, _p: torch.Tensor) -> None:
+        # The first gradient of a synced pass queues the sync at the end of the (outermost, when it fires there)
+        # autograd pass, as torch's Reducer does.
         if self.enabled and not self._queued:
             self._queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
@@ -72,6 +115,10 @@ class GradSync:
     def _finalize(self) -> None:
         self._queued = False
         self.sync_now()
+
+    def reset_pass(self) -> None:
+        """Before a backward: forget a pass that raised midway (its end-of-pass callback never ran)."""
+        self._queued = False
 
     @torch.no_grad()
     def sync_now(self) -> None:
@@ -119,17 +166,26 @@ class DataParallel(Strategy):
     def make_sync(self, params: list[torch.nn.Parameter]) -> GradSync:
         return GradSync(params, self.group, self.state.num_processes)
 
+    def broadcast(self, tensors: list[torch.Tensor]) -> None:
+        """Rank 0's `tensors` into every rank's, in place (coalesced)."""
+        broadcast_coalesced(tensors, lambda flat: dist.broadcast(flat, src=0, group=self.group))
+
     def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
         model = super().prepare_model(model, device_placement)
         if evaluation_mode:
             return model
         # Every rank starts from rank 0's parameters and buffers, as torch DDP does at construction.
-        _broadcast_tensors(list(model.parameters()) + list(model.buffers()), self.group)
+        self.broadcast(list(model.parameters()) + list(model.buffers()))
         params = [p for p in model.parameters() if p.requires_grad]
         sync = self.make_sync(params)
         self._syncs.append(sync)
         broadcast_buffers = True if self.kwargs is None else bool(self.kwargs.broadcast_buffers)
-        return DataParallelModule(model, sync, broadcast_buffers)
+        return DataParallelModule(model, sync, self.broadcast if broadcast_buffers else None)
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        for s in self._syncs:
+            s.reset_pass()
+        loss.backward(**kwargs)
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:

@@ -5,9 +5,10 @@
 # small last one (the last bucket cannot start before backward ends, so its all-reduce is never overlapped).
 # As autograd accumulates each gradient, a hook marks the parameter in the C BucketCounter; when a bucket
 # (and all before it: collectives are matched by issue order) is complete, its all-reduce starts
-# asynchronously. Unused parameters are marked at the end of backward. The optimizer step (and
-# clip_grad_norm_/unscale, which read gradients) waits only for what is still in flight, then divides by
-# the world size (sum, then divide, the same on every rank, so ranks stay bitwise identical).
+# asynchronously. At the end of backward (autograd's final callback, as torch's Reducer) the parameters no
+# hook marked are settled, the rest is launched and everything is waited for: when backward returns every
+# .grad holds the average (sum, then divide by the world size, the same on every rank, so ranks stay
+# bitwise identical), for code that reads gradients directly as for the optimizer.
 # Parameters no rank used in a step get grad None, as in the single-process loop.
 # Over shared memory the optimizer step itself is split between the host's ranks (sharded_step.py):
 # parameters and optimizer state move into shared regions at prepare, each rank updates its slice and
@@ -25,7 +26,7 @@ import torch.distributed as dist
 
 from .. import _C
 from . import register
-from .ddp import DataParallel, DataParallelModule
+from .ddp import DataParallel, DataParallelModule, broadcast_coalesced
 from .sharded_step import OptimizerShard, ParamShards, state_keys
 
 FIRST_BUCKET_BYTES = 1 << 20
@@ -48,7 +49,6 @@ class BucketedGradSync:
         self.transport = transport
         self.enabled = True
         self.in_sync = True  # False once a backward ran under no_sync: gradients are then per-rank
-        self.defer_wait = False
         self._in_pass = False
         self._works: list = []
         # Reverse registration order: the order gradients become ready in a typical backward.
@@ -77,9 +77,9 @@ class BucketedGradSync:
                     start, limit = off, cap
                 param_bucket[self.index[id(p)]] = len(self.buckets)
                 view = buf[off:off + n].view_as(p)
-                if p.grad is not None:
+                if p.grad is not None:  # a gradient that exists moves into its view; None stays None (unused)
                     view.copy_(p.grad)
-                p.grad = view
+                    p.grad = view
                 self.views[self.index[id(p)]] = view
                 offsets.append(off)
                 off += n
@@ -105,7 +105,8 @@ class BucketedGradSync:
         i = self.index[id(p)]
         view = self.views[i]
         if p.grad is not view:
-            # zero_grad(set_to_none=True) or a user assignment replaced the view: put it back.
+            # zero_grad(set_to_none=True), a no_sync accumulation into a fresh tensor, or a user assignment
+            # replaced the view: put it back (with what was accumulated).
             view.copy_(p.grad)
             p.grad = view
         if not self._in_pass:
@@ -119,23 +120,38 @@ class BucketedGradSync:
             self._works.append(self.transport.all_reduce_async(self.buckets[b].view(), "avg"))
 
     def _end_of_backward(self) -> None:
-        # Unused parameters: zero their slice (it may hold stale values) and mark them. The "used" mask
-        # (summed over ranks) comes from the counter's marks, not from per-hook tensor writes.
-        unmarked = self.counter.unmarked()
+        """Autograd's final callback of a synced pass: the parameters no hook marked get their gradient into the
+        buffer as it stands (accumulated under no_sync, or zero when None: then it is unused here), the remaining
+        buckets and the "used" mask (summed over ranks) are launched, and everything is waited for, so every
+        .grad holds the average when backward returns (torch DDP's contract), while the buckets launched during
+        backward overlapped with it."""
         self._used = torch.ones(len(self.params))
-        for i in unmarked:
-            self._used[i] = 0.0
-            self.views[i].zero_()
-            if self.params[i].grad is not self.views[i]:
-                self.params[i].grad = self.views[i]
+        for i in self.counter.unmarked():
+            p, view = self.params[i], self.views[i]
+            if p.grad is None:
+                self._used[i] = 0.0
+                view.zero_()  # it may hold a stale average
+                p.grad = view
+            elif p.grad is not view:
+                view.copy_(p.grad)
+                p.grad = view
         first, end = self.counter.mark_all_remaining()
         self._launch(first, end)
         self._works.append(self.transport.all_reduce_async(self._used, "sum"))
         self._in_pass = False
         self.in_sync = True
         self.counter.reset()
-        if not self.defer_wait:
-            self.wait()
+        self.wait()
+
+    def reset_pass(self) -> None:
+        """Before a backward: a pass that raised midway never ran its final callback; finish what it launched
+        and start over."""
+        if self._in_pass:
+            self._in_pass = False
+            self.counter.reset()
+            works, self._works = self._works, []
+            for w in works:
+                w.wait()
 
     # -- completion --------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -158,7 +174,6 @@ class BucketedGradSync:
         plist = list(params)
         if not all(id(p) in self.index for p in plist):
             return False
-        self.wait()
         if set_to_none:
             for p in plist:
                 p.grad = None
@@ -201,6 +216,9 @@ class TorchTransport:
         work = dist.all_reduce(t, group=self.group, async_op=True)
         return _SumThenDivide(work, t, self.n) if op == "avg" else work
 
+    def broadcast(self, t: torch.Tensor) -> None:
+        dist.broadcast(t, src=0, group=self.group)
+
 
 class CommTransport:
     """accelerate_c.comm (shared memory within a host, hierarchical across hosts): the flat gradient
@@ -215,6 +233,9 @@ class CommTransport:
 
     def all_reduce_async(self, t: torch.Tensor, op: str) -> Any:
         return self.group.all_reduce_async(t, op=op)
+
+    def broadcast(self, t: torch.Tensor) -> None:
+        self.group.broadcast(t, src=0)
 
 
 def make_transport(device: torch.device) -> Any:
@@ -287,40 +308,16 @@ class BucketedDataParallel(DataParallel):
         cap = 25.0 if self.kwargs is None else float(self.kwargs.bucket_cap_mb)
         return BucketedGradSync(params, self.transport, cap)
 
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        for s in self._syncs:
-            s.defer_wait = True
-        try:
-            loss.backward(**kwargs)
-        finally:
-            for s in self._syncs:
-                s.defer_wait = False
-
-    def wait_for_gradients(self) -> None:
-        for s in self._syncs:
-            s.wait()
-
-    def before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self.wait_for_gradients()
+    def broadcast(self, tensors: list[torch.Tensor]) -> None:
+        if self.transport is None:
+            self.transport = make_transport(self.state.device)
+        broadcast_coalesced(tensors, self.transport.broadcast)
 
     def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
         params = [p for g in optimizer.param_groups for p in g["params"]]
         return any(s.zero_grad(params, set_to_none) for s in self._syncs)
 
-    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        self.wait_for_gradients()
-        return super().clip_grad_norm_(parameters, max_norm, norm_type)
-
-    def clip_grad_value_(self, parameters: Iterable[torch.nn.Parameter], clip_value: float) -> None:
-        self.wait_for_gradients()
-        super().clip_grad_value_(parameters, clip_value)
-
-    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        self.wait_for_gradients()
-        return super().get_state_dict(model, unwrap)
-
     def close(self) -> None:
-        self.wait_for_gradients()
         for opt, shard in self._opt_shards:
             shard.refresh(opt)  # every rank's state complete before the regions' group goes away
             shard.remove()
