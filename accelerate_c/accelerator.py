@@ -89,6 +89,7 @@ class Accelerator(ProcessAPI, CheckpointAPI, _C.Accelerator):
         self.gradient_state._attach(self)
         self._gradient_accumulation_steps = self.gradient_state.num_steps
         self._sync_each_batch = bool(gradient_accumulation_plugin.sync_each_batch)
+        self._sync_with_dataloader = bool(gradient_accumulation_plugin.sync_with_dataloader)
 
         self.device_placement = device_placement
         self.dataloader_config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
@@ -345,7 +346,6 @@ class Accelerator(ProcessAPI, CheckpointAPI, _C.Accelerator):
         return [getattr(o, "optimizer", o) for o in opts]
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
-        self.strategy.wait_for_gradients()
         for opt in self._inner_optimizers(optimizer):
             self.precision.unscale_(opt)
 

@@ -164,3 +164,32 @@ def test_reset_state_error_text():
     AcceleratorState._reset_state(True)
     with pytest.raises(AttributeError, match=r"This happens if `AcceleratorState._reset_state\(\)` was called"):
         acc.state.device
+
+
+@pytest.mark.parametrize("with_dataloader,each_batch", [(1, 0), (0, 0), (0, 1)])
+def test_gradient_accumulation_plugin_options_as_hf(run, with_dataloader, each_batch):
+    """sync_with_dataloader=False: the end of the loader does not force a sync; the step counter runs on across
+    epochs (HF 1.15's _do_sync). Compared per micro-step with HF on the same run."""
+    import json
+    args = ["--sync_with_dataloader", str(with_dataloader), "--sync_each_batch", str(each_batch)]
+    ours = json.loads(run("sync_sequence.py", args + ["--impl", "accelerate_c"]).stdout.strip().splitlines()[-1])
+    hf = json.loads(run("sync_sequence.py", args + ["--impl", "accelerate"]).stdout.strip().splitlines()[-1])
+    assert ours == hf
+    assert len(ours) == 10
+    if not with_dataloader:  # 5 batches, 3 accumulation steps: the loader's end never syncs by itself
+        assert [s for s, _, _ in ours] == [(i + 1) % 3 == 0 for i in range(10)]
+
+
+def test_strategy_registry_does_not_depend_on_import_order():
+    """Importing one backend module first used to leave the registry with only that file's strategies, so a later
+    single-process Accelerator found none."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT, clean_env
+    code = ("import accelerate_c.strategies.ddp_bucketed\n"
+            "from accelerate_c import Accelerator\n"
+            "print(Accelerator(cpu=True).strategy.name)\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=clean_env(), cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["single"], proc.stdout + proc.stderr

@@ -21,15 +21,23 @@ def register(name: str) -> Callable[[type[Strategy]], type[Strategy]]:
     return deco
 
 
+_loaded = False
+
+
 def _load_all() -> None:
+    """Imports every backend module once (each registers itself). Whether some were imported before (e.g. a
+    test importing strategies.ddp_bucketed first) does not matter: the registry is complete afterwards."""
+    global _loaded
+    if _loaded:
+        return
     for mod in pkgutil.iter_modules(__path__):
         if mod.name not in ("base",):
             importlib.import_module(f"{__name__}.{mod.name}")
+    _loaded = True
 
 
 def select_strategy(ctx: StrategyContext) -> Strategy:
-    if not REGISTRY:
-        _load_all()
+    _load_all()
     candidates = [cls for cls in REGISTRY.values() if cls.applies(ctx.state, ctx.handlers)]
     if not candidates:
         raise RuntimeError(f"no strategy applies to this run ({ctx.state.distributed_type}, "
