@@ -9,6 +9,8 @@ import json
 import os
 from typing import Any, Optional, Union
 
+from packaging.version import Version
+
 from ..logging import get_logger
 from ..utils.imports import compare_versions, str_to_bool
 from .base import GeneralTracker, on_main_process, plain_values
@@ -125,7 +127,7 @@ class CometMLTracker(GeneralTracker):
     def start(self) -> None:
         import comet_ml
 
-        if compare_versions(comet_ml.__version__, ">=", "3.41.0"):
+        if compare_versions(Version(comet_ml.__version__), ">=", "3.41.0"):
             self.writer = comet_ml.start(project_name=self.run_name, **self.init_kwargs)
         else:
             self.writer = comet_ml.Experiment(project_name=self.run_name, **self.init_kwargs)
