@@ -12,9 +12,9 @@ from typing import Any, Optional, Union
 from ..utils import imports as _imports
 from ..utils.dataclasses import LoggerType
 from .base import GeneralTracker, on_main_process, plain_values
-from .hosted import (AimTracker, ClearMLTracker, CometMLTracker, DVCLiveTracker, MLflowTracker, SwanLabTracker,
-                     TrackioTracker, WandBTracker)
+from .hosted import AimTracker, CometMLTracker, SwanLabTracker, TrackioTracker, WandBTracker
 from .local import JSONLTracker, TensorBoardTracker, read_jsonl
+from .mlops import ClearMLTracker, DVCLiveTracker, MLflowTracker
 
 LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
     "aim": AimTracker, "comet_ml": CometMLTracker, "mlflow": MLflowTracker, "tensorboard": TensorBoardTracker,
