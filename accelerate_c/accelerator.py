@@ -2,6 +2,7 @@
 # (accelerate_c._C.Accelerator holds the per-step counters). It wires the state, the precision object,
 # the strategy and the data loaders together and delegates; it never branches on the backend.
 # Not for: process-control helpers and collectives (process_api.py), checkpoints (checkpoint_api.py),
+# trackers and the profiler (tracking_api.py),
 # backend logic (strategies/), precision logic (precision.py).
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .process_api import ProcessAPI
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState, _env_flag
 from .strategies import StrategyContext, select_strategy
+from .tracking_api import TrackingAPI
 from .utils.dataclasses import (DataLoaderConfiguration, GradientAccumulationPlugin, KwargsHandler,
                                 ProjectConfiguration)
 
@@ -26,7 +28,7 @@ _MP_CODES = {"no": 0, "fp16": 1, "bf16": 2, "fp8": 3}
 _UNSET = object()
 
 
-class Accelerator(ProcessAPI, CheckpointAPI, _C.Accelerator):
+class Accelerator(ProcessAPI, CheckpointAPI, TrackingAPI, _C.Accelerator):
     """Drop-in replacement for `accelerate.Accelerator` (same arguments, same behaviour)."""
 
     def __init__(self, device_placement: bool = True, split_batches: Any = _UNSET,
@@ -95,7 +97,8 @@ class Accelerator(ProcessAPI, CheckpointAPI, _C.Accelerator):
         self.dataloader_config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
-        self.log_with = log_with
+        from .tracking import filter_trackers  # unknown / uninstalled trackers fail here, before training
+        self.log_with = filter_trackers(log_with, self.logging_dir)
         self.trackers: list = []
         self.dynamo_backend = dynamo_backend
 

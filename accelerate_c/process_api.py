@@ -107,13 +107,3 @@ class ProcessAPI:
             self.flag_tensor = torch.tensor(0, device=self.state.device)
             return True
         return False
-
-    # -- trackers (minimal: none are built in yet; calls are accepted and do nothing) --------------------
-    def init_trackers(self, project_name: str, config: Optional[dict] = None, init_kwargs: Optional[dict] = None) -> None:
-        pass
-
-    def log(self, values: dict, step: Optional[int] = None, log_kwargs: Optional[dict] = None) -> None:
-        pass
-
-    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        raise ValueError(f"no tracker named {name!r} (accelerate_c has no built-in trackers yet)")

@@ -81,6 +81,10 @@ TERecipeKwargs = FP8RecipeKwargs
 
 @dataclass
 class ProfileKwargs(KwargsHandler):
+    """torch.profiler options for `Accelerator.profile()`. activities: names among "cpu", "cuda", "xpu",
+    "mtia", "hpu" (those this machine has); schedule_option: torch.profiler.schedule's keywords (wait, warmup,
+    active, repeat, skip_first); output_trace_dir: where `profile()` writes the chrome traces on exit."""
+
     activities: Optional[list] = None
     schedule_option: Optional[dict] = None
     on_trace_ready: Optional[Callable] = None
@@ -90,3 +94,42 @@ class ProfileKwargs(KwargsHandler):
     with_flops: bool = False
     with_modules: bool = False
     output_trace_dir: Optional[str] = None
+
+    def _get_profiler_activity(self, activity: str) -> Any:
+        import torch  # not at import time: `import accelerate_c.utils` stays light
+
+        known = {"cpu": torch.profiler.ProfilerActivity.CPU, "cuda": torch.profiler.ProfilerActivity.CUDA}
+        # The other device kinds count only where this torch build has the activity and the device exists.
+        for name in ("xpu", "mtia", "hpu"):
+            kind = getattr(torch.profiler.ProfilerActivity, name.upper(), None)
+            backend = getattr(torch, name, None)
+            try:
+                present = kind is not None and backend is not None and backend.is_available()
+            except Exception:  # a backend stub that cannot answer
+                present = False
+            if present:
+                known[name] = kind
+        if activity not in known:
+            raise ValueError(f"Invalid profiler activity: {activity}. Must be one of {list(known)}.")
+        return known[activity]
+
+    def build(self) -> Any:
+        """The `torch.profiler.profile` these options describe (not yet entered)."""
+        import torch
+
+        activities = None if self.activities is None else [self._get_profiler_activity(a) for a in self.activities]
+        schedule = None
+        if self.schedule_option is not None:
+            given = set(self.schedule_option)
+            unknown = given - {"wait", "warmup", "active", "repeat", "skip_first", "skip_first_wait"}
+            missing = {"wait", "warmup", "active"} - given
+            if unknown or missing:
+                raise ValueError(f"ProfileKwargs.schedule_option={self.schedule_option!r}: needs wait, warmup and "
+                                 "active (optional: repeat, skip_first, skip_first_wait)"
+                                 + (f"; unknown: {sorted(unknown)}" if unknown else "")
+                                 + (f"; missing: {sorted(missing)}" if missing else ""))
+            schedule = torch.profiler.schedule(**self.schedule_option)
+        return torch.profiler.profile(activities=activities, schedule=schedule, on_trace_ready=self.on_trace_ready,
+                                      record_shapes=self.record_shapes, profile_memory=self.profile_memory,
+                                      with_stack=self.with_stack, with_flops=self.with_flops,
+                                      with_modules=self.with_modules)
