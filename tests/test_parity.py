@@ -47,3 +47,36 @@ def test_same_losses_as_hf_accelerate(tmp_path, run, nproc, grad_accum, shuffle)
     run("parity_train.py", args + ["--impl", "accelerate", "--out", str(tmp_path / "hf")], nproc=nproc)
     run("parity_train.py", args + ["--impl", "accelerate_c", "--out", str(tmp_path / "ours")], nproc=nproc)
     _close(_load(tmp_path / "hf"), _load(tmp_path / "ours"), tol=1e-5)
+
+
+@pytest.mark.parametrize("grad_sync", ["bucketed", "reference"])
+def test_fp16_comm_hook_as_hf(tmp_path, run, grad_sync):
+    """DistributedDataParallelKwargs(comm_hook=FP16): gradients reduced in fp16 as torch DDP's fp16_compress_hook
+    under HF (cast, divide by the world size, sum, cast back): same losses and weights; and not the plain run."""
+    args = ["--comm_hook", "fp16", "--grad_accum", "2"]
+    run("parity_train.py", args + ["--impl", "accelerate", "--out", str(tmp_path / "hf")], nproc=2)
+    run("parity_train.py", args + ["--impl", "accelerate_c", "--out", str(tmp_path / "ours")], nproc=2,
+        launcher="accelerate_c", env={"ACCELERATE_C_GRAD_SYNC": grad_sync})
+    _close(_load(tmp_path / "hf"), _load(tmp_path / "ours"), tol=1e-5)
+    run("parity_train.py", ["--grad_accum", "2", "--out", str(tmp_path / "plain")], nproc=2, launcher="accelerate_c")
+    plain, ours = _load(tmp_path / "plain")[1], _load(tmp_path / "ours")[1]
+    assert any(not torch.equal(plain[k], ours[k]) for k in plain)
+
+
+def test_bf16_comm_hook_shm_equals_gloo(tmp_path, run):
+    """comm_hook=BF16 (torch's bf16 hook needs NCCL, so HF cannot run it on CPU): the shared-memory bucketed path
+    reduces in bf16 exactly as the reference path's gloo all-reduce of the same bf16 tensors."""
+    args = ["--comm_hook", "bf16", "--grad_accum", "2"]
+    for sync in ("bucketed", "reference"):
+        run("parity_train.py", args + ["--out", str(tmp_path / sync)], nproc=2, launcher="accelerate_c",
+            env={"ACCELERATE_C_GRAD_SYNC": sync})
+    _close(_load(tmp_path / "reference"), _load(tmp_path / "bucketed"), tol=1e-6)
+    run("parity_train.py", ["--grad_accum", "2", "--out", str(tmp_path / "plain")], nproc=2, launcher="accelerate_c")
+    plain, ours = _load(tmp_path / "plain")[1], _load(tmp_path / "bucketed")[1]
+    assert any(not torch.equal(plain[k], ours[k]) for k in plain)
+
+
+def test_power_sgd_is_a_clear_error(tmp_path, run):
+    with pytest.raises(AssertionError, match="PowerSGD is not supported"):
+        run("parity_train.py", ["--comm_hook", "power_sgd", "--out", str(tmp_path / "x")], nproc=2,
+            launcher="accelerate_c")

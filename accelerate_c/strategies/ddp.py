@@ -97,10 +97,12 @@ class GradSync:
     per-parameter "had a gradient" count is reduced alongside, and a parameter that no rank used keeps
     grad None, as in the single-process loop."""
 
-    def __init__(self, params: list[torch.nn.Parameter], group: Any, world_size: int) -> None:
+    def __init__(self, params: list[torch.nn.Parameter], group: Any, world_size: int,
+                 compress: Optional[torch.dtype] = None) -> None:
         self.params = params
         self.group = group
         self.world_size = world_size
+        self.compress = compress  # reduce in this dtype (torch's fp16/bf16 compress hooks)
         self.enabled = True
         self._queued = False
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
@@ -130,8 +132,13 @@ class GradSync:
         used_map = {id(p): u for p, u in zip(self.params, (used > 0).tolist())}
         for dtype, params in by_dtype.items():
             flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-            dist.all_reduce(flat, group=self.group)
-            flat.div_(self.world_size)
+            if self.compress is None:
+                dist.all_reduce(flat, group=self.group)
+                flat.div_(self.world_size)
+            else:  # torch's compress hooks: cast, divide, sum in low precision, cast back
+                low = flat.to(self.compress).div_(self.world_size)
+                dist.all_reduce(low, group=self.group)
+                flat.copy_(low)
             offset = 0
             for p in params:
                 n = p.numel()
@@ -149,6 +156,21 @@ class GradSync:
         self._handles = []
 
 
+_COMPRESS = {"no": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _compress_dtype(kwargs: Any) -> Optional[torch.dtype]:
+    """DistributedDataParallelKwargs.comm_hook -> the dtype gradients are reduced in (None: their own)."""
+    hook = "no" if kwargs is None else str(getattr(kwargs.comm_hook, "value", kwargs.comm_hook)).lower()
+    if hook in _COMPRESS:
+        return _COMPRESS[hook]
+    if hook in ("power_sgd", "batched_power_sgd"):
+        raise NotImplementedError(f"DistributedDataParallelKwargs(comm_hook={hook!r}): PowerSGD is not supported by "
+                                  "accelerate_c's gradient sync; use comm_hook='fp16' or 'bf16' (compressed "
+                                  "all-reduce) or 'no'")
+    raise ValueError(f"DistributedDataParallelKwargs(comm_hook={hook!r}): unknown hook; allowed: no, fp16, bf16")
+
+
 @register("ddp")
 class DataParallel(Strategy):
     priority = 10
@@ -160,11 +182,12 @@ class DataParallel(Strategy):
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         self.kwargs = ctx.handler("DistributedDataParallelKwargs")
+        self.compress_dtype = _compress_dtype(self.kwargs)
         self.group: Optional[Any] = None
         self._syncs: list[GradSync] = []
 
     def make_sync(self, params: list[torch.nn.Parameter]) -> GradSync:
-        return GradSync(params, self.group, self.state.num_processes)
+        return GradSync(params, self.group, self.state.num_processes, compress=self.compress_dtype)
 
     def broadcast(self, tensors: list[torch.Tensor]) -> None:
         """Rank 0's `tensors` into every rank's, in place (coalesced)."""

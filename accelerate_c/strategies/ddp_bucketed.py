@@ -33,20 +33,41 @@ FIRST_BUCKET_BYTES = 1 << 20
 
 
 class _Bucket:
-    __slots__ = ("buffer", "offset", "numel")
+    __slots__ = ("buffer", "offset", "numel", "compressed")
 
     def __init__(self, buffer: torch.Tensor, offset: int, numel: int) -> None:
         self.buffer, self.offset, self.numel = buffer, offset, numel
+        self.compressed: Optional[torch.Tensor] = None  # the low-precision twin of `buffer` (comm_hook fp16/bf16)
 
     def view(self) -> torch.Tensor:
         return self.buffer[self.offset:self.offset + self.numel]
+
+    def compressed_view(self) -> torch.Tensor:
+        return self.compressed[self.offset:self.offset + self.numel]
+
+
+class _Decompress:
+    """The Work of a compressed bucket: wait() copies the reduced low-precision values back into the bucket."""
+
+    __slots__ = ("work", "src", "dst")
+
+    def __init__(self, work: Any, src: torch.Tensor, dst: torch.Tensor) -> None:
+        self.work, self.src, self.dst = work, src, dst
+
+    def wait(self) -> None:
+        self.work.wait()
+        self.dst.copy_(self.src)
 
 
 class BucketedGradSync:
     """Flat gradient buffers, buckets and the asynchronous all-reduce of each bucket."""
 
-    def __init__(self, params: list[torch.nn.Parameter], transport: Any, bucket_cap_mb: float) -> None:
+    def __init__(self, params: list[torch.nn.Parameter], transport: Any, bucket_cap_mb: float,
+                 compress: Optional[torch.dtype] = None) -> None:
+        """compress: reduce in this dtype (torch's fp16/bf16 compress hooks: cast, divide by the world size,
+        sum-all-reduce, cast back), from a twin buffer in the transport's memory."""
         self.transport = transport
+        self.compress = compress
         self.enabled = True
         self.in_sync = True  # False once a backward ran under no_sync: gradients are then per-rank
         self._in_pass = False
@@ -94,6 +115,10 @@ class BucketedGradSync:
                 for p in plist[tail:]:
                     param_bucket[self.index[id(p)]] = len(self.buckets)
             self.buckets.append(_Bucket(buf, start, off - start))
+        if compress is not None:
+            twins = {dtype: transport.alloc(buf.numel(), compress, buf.device) for dtype, buf in self.buffers.items()}
+            for b in self.buckets:
+                b.compressed = twins[b.buffer.dtype]
         self.counter = _C.BucketCounter(param_bucket, len(self.buckets))
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in order]
 
@@ -117,7 +142,14 @@ class BucketedGradSync:
 
     def _launch(self, first: int, end: int) -> None:
         for b in range(first, end):
-            self._works.append(self.transport.all_reduce_async(self.buckets[b].view(), "avg"))
+            bucket = self.buckets[b]
+            if bucket.compressed is None:
+                self._works.append(self.transport.all_reduce_async(bucket.view(), "avg"))
+            else:
+                low = bucket.compressed_view()
+                low.copy_(bucket.view())
+                low.div_(self.transport.size)
+                self._works.append(_Decompress(self.transport.all_reduce_async(low, "sum"), low, bucket.view()))
 
     def _end_of_backward(self) -> None:
         """Autograd's final callback of a synced pass: the parameters no hook marked get their gradient into the
@@ -207,14 +239,14 @@ class TorchTransport:
 
     def __init__(self, group: Any = None) -> None:
         self.group = group
-        self.n = dist.get_world_size(group)
+        self.size = dist.get_world_size(group)
 
     def alloc(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.zeros(numel, dtype=dtype, device=device)
 
     def all_reduce_async(self, t: torch.Tensor, op: str) -> Any:
         work = dist.all_reduce(t, group=self.group, async_op=True)
-        return _SumThenDivide(work, t, self.n) if op == "avg" else work
+        return _SumThenDivide(work, t, self.size) if op == "avg" else work
 
     def broadcast(self, t: torch.Tensor) -> None:
         dist.broadcast(t, src=0, group=self.group)
@@ -227,6 +259,7 @@ class CommTransport:
 
     def __init__(self, group: Any) -> None:
         self.group = group
+        self.size = group.size
 
     def alloc(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return self.group.alloc(numel, dtype)
@@ -306,7 +339,7 @@ class BucketedDataParallel(DataParallel):
         if self.transport is None:
             self.transport = make_transport(self.state.device)
         cap = 25.0 if self.kwargs is None else float(self.kwargs.bucket_cap_mb)
-        return BucketedGradSync(params, self.transport, cap)
+        return BucketedGradSync(params, self.transport, cap, compress=self.compress_dtype)
 
     def broadcast(self, tensors: list[torch.Tensor]) -> None:
         if self.transport is None:

@@ -24,12 +24,16 @@ def main() -> None:
     p.add_argument("--mixed_precision", default="no")
     p.add_argument("--no_scheduler", action="store_true",
                    help="HF steps schedulers num_processes times per step, so N-vs-1 parity runs without one")
+    p.add_argument("--comm_hook", default="no", help="DistributedDataParallelKwargs(comm_hook=...): no|fp16|bf16")
     p.add_argument("--report_group", action="store_true",
                    help="accelerate_c only: write out/group<rank>.txt naming the DDP transport and comm group")
     args = p.parse_args()
     acc = importlib.import_module(args.impl)
+    # the enum: HF's hook table is keyed by DDPCommunicationHookType, and a plain string is silently ignored there
+    hook = acc.DDPCommunicationHookType(args.comm_hook)
+    handlers = [acc.DistributedDataParallelKwargs(comm_hook=hook)] if args.comm_hook != "no" else []
     accelerator = acc.Accelerator(gradient_accumulation_steps=args.grad_accum, mixed_precision=args.mixed_precision,
-                                  cpu=True)
+                                  cpu=True, kwargs_handlers=handlers)
     torch.manual_seed(0)
     n = args.global_batch * args.steps * args.grad_accum
     x = torch.randn(n, 4)
