@@ -12,8 +12,8 @@ import os
 import sys
 from typing import Any, Callable
 
-from .config_args import (ClusterConfig, ConfigError, add_config_flags, apply_flags, default_config_file,
-                          load_config, parse_answer, save_config)
+from .config_args import ClusterConfig, ConfigError, default_config_file, load_config, parse_answer, save_config
+from .config_flags import HelpFormatter, add_config_flags, add_flag, apply_flags
 
 # Order of the questions; a predicate decides whether a question applies given the answers so far.
 QUESTIONS: list[tuple[str, Callable[[dict[str, Any]], bool]]] = [
@@ -31,15 +31,15 @@ QUESTIONS: list[tuple[str, Callable[[dict[str, Any]], bool]]] = [
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("config", help="create or update the config file `launch` reads")
-    p.add_argument("--config_file", default=None, help=f"where to write (default: {default_config_file()})")
+    add_flag(p, "--config_file", default=None, help=f"where to write (default: {default_config_file()})")
     p.set_defaults(func=config_command)
     sub = p.add_subparsers(dest="config_command", metavar="{default,update}")
-    d = sub.add_parser("default", help="write a default config without questions")
-    d.add_argument("--config_file", default=None, help="where to write")
+    d = sub.add_parser("default", help="write a default config without questions", formatter_class=HelpFormatter)
+    add_flag(d, "--config_file", default=None, help="where to write")
     add_config_flags(d)
     d.set_defaults(func=default_command)
     u = sub.add_parser("update", help="validate an existing config and rewrite it in the current format")
-    u.add_argument("--config_file", default=None, help="the file to update")
+    add_flag(u, "--config_file", default=None, help="the file to update")
     u.set_defaults(func=update_command)
     return p
 
