@@ -242,3 +242,30 @@ def test_launch_only_keys_round_trip(tmp_path):
     for bad in (dict(num_cpu_threads_per_process=0), dict(tee="7"), dict(tee="0:3,x"), dict(rdzv_conf="=1")):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             ClusterConfig(**bad)
+
+
+def test_write_basic_config(tmp_path, monkeypatch):
+    from accelerate.commands.config.default import write_basic_config as hf_write_basic_config
+
+    from accelerate_c.utils import write_basic_config  # exported lazily, like HF's accelerate.utils name
+
+    monkeypatch.setenv("ACCELERATE_C_CONFIG_DIR", str(tmp_path / "cfgdir"))
+    path = write_basic_config(mixed_precision="BF16", save_location=str(tmp_path / "basic.yaml"))
+    hf_path = hf_write_basic_config(mixed_precision="bf16", save_location=str(tmp_path / "hf.yaml"))
+    assert str(path) == str(tmp_path / "basic.yaml") and type(path) is type(hf_path)
+    # Same machine, same settings: our file and HF's describe the same config (read by us and by HF).
+    assert load_config(str(path)) == load_config(str(hf_path))
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    assert load_config_from_file(str(path)).to_dict() == load_config_from_file(str(hf_path)).to_dict()
+    # HF's refusal to overwrite: returns False and leaves the file as it was.
+    before = path.read_text()
+    assert write_basic_config(mixed_precision="fp16", save_location=str(path)) is False
+    assert hf_write_basic_config(mixed_precision="fp16", save_location=str(hf_path)) is False
+    assert path.read_text() == before
+    with pytest.raises(ValueError, match="mixed_precision"):
+        write_basic_config(mixed_precision="fp32", save_location=str(tmp_path / "other.yaml"))
+    # Default location: our default file; .json names give JSON.
+    assert str(write_basic_config()) == ca.default_config_file()
+    json_path = write_basic_config(save_location=str(tmp_path / "basic.json"))
+    assert json.loads(json_path.read_text())["mixed_precision"] == "no"
