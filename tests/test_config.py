@@ -11,13 +11,15 @@ import pytest
 import yaml
 
 from accelerate_c.commands import config_args as ca
+from accelerate_c.commands import config_flags as cf
 from accelerate_c.commands.config_args import ClusterConfig, ConfigError, load_config, save_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def cli(args, tmp_path, stdin=None, timeout=60):
-    env = dict(os.environ, PYTHONPATH=ROOT, ACCELERATE_C_CONFIG_DIR=str(tmp_path / "cfgdir"))
+    env = dict(os.environ, PYTHONPATH=ROOT, ACCELERATE_C_CONFIG_DIR=str(tmp_path / "cfgdir"),
+               HF_HOME=str(tmp_path / "hf_home"), XDG_CACHE_HOME=str(tmp_path / "xdg"))  # never the real home
     return subprocess.run([sys.executable, "-m", "accelerate_c", *args], input=stdin, capture_output=True,
                           text=True, env=env, timeout=timeout, cwd=str(tmp_path))
 
@@ -131,13 +133,13 @@ def test_env_vars_and_flag_precedence():
     import argparse
 
     parser = argparse.ArgumentParser()
-    ca.add_config_flags(parser)
+    cf.add_config_flags(parser)
     args = parser.parse_args(["--mixed_precision", "bf16", "--fp8_margin", "3", "--num_processes", "4"])
-    merged = ca.apply_flags(cfg, args)
+    merged = cf.apply_flags(cfg, args)
     assert (merged.mixed_precision, merged.num_processes, merged.use_cpu) == ("bf16", 4, True)
     assert merged.fp8().margin == 3 and merged.fp8().fp8_format == "E4M3"
     with pytest.raises(ConfigError, match="num_processes"):
-        ca.apply_flags(cfg, parser.parse_args(["--num_processes", "0"]))
+        cf.apply_flags(cfg, parser.parse_args(["--num_processes", "0"]))
 
 
 def test_config_default_command(tmp_path):
@@ -199,3 +201,71 @@ def test_env_command(tmp_path):
 def test_every_field_is_described():
     for f in dataclasses.fields(ClusterConfig):
         assert f.metadata["help"] and f.metadata["kind"] in ("int", "float", "str", "bool", "dict", "list")
+
+
+def test_dynamo_config_block(tmp_path):
+    # HF's `config` writes the keys dynamo_-prefixed and the backend upper-case; both spellings and any case read.
+    (tmp_path / "d.yaml").write_text("distributed_type: NO\ndynamo_config:\n  dynamo_backend: inductor\n"
+                                     "  dynamo_mode: max-autotune\n  use_fullgraph: true\n")
+    cfg = load_config(str(tmp_path / "d.yaml"))
+    dyn = cfg.dynamo()
+    assert (dyn.backend, dyn.mode, dyn.use_fullgraph, dyn.use_dynamic) == ("INDUCTOR", "max-autotune", True, False)
+    env = cfg.env()
+    assert (env["ACCELERATE_DYNAMO_BACKEND"], env["ACCELERATE_DYNAMO_USE_FULLGRAPH"]) == ("INDUCTOR", "true")
+    for text, key, allowed in (("dynamo_backend: fast", "dynamo_config.backend", "'INDUCTOR'"),
+                               ("dynamo_bogus: 1", "dynamo_config.dynamo_bogus", "dynamo_config.mode"),
+                               ("dynamo_use_dynamic: maybe", "dynamo_config.use_dynamic", "true or false")):
+        (tmp_path / "bad.yaml").write_text(f"dynamo_config:\n  {text}\n")
+        with pytest.raises(ConfigError) as info:
+            load_config(str(tmp_path / "bad.yaml"))
+        assert key in str(info.value) and allowed in str(info.value), info.value
+    # Flags go into the block under HF's file keys, and HF reads the saved file.
+    import argparse
+
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    parser = argparse.ArgumentParser()
+    cf.add_config_flags(parser)
+    merged = cf.apply_flags(cfg, parser.parse_args(["--dynamo-use-dynamic", "--dynamo_backend", "eager"]))
+    assert merged.dynamo_config == {"dynamo_backend": "EAGER", "dynamo_mode": "max-autotune",
+                                    "dynamo_use_fullgraph": True, "dynamo_use_dynamic": True}
+    hf = load_config_from_file(save_config(merged, str(tmp_path / "saved.yaml")))
+    assert hf.dynamo_config["dynamo_backend"] == "EAGER" and hf.dynamo_config["dynamo_use_dynamic"] is True
+
+
+def test_launch_only_keys_round_trip(tmp_path):
+    cfg = ClusterConfig(num_cpu_threads_per_process=2, gradient_clipping=1.0, tee="3", log_dir="/tmp/x",
+                        rdzv_conf="join_timeout=9", same_network=True)
+    assert load_config(save_config(cfg, str(tmp_path / "l.yaml"))) == cfg
+    assert cfg.env()["OMP_NUM_THREADS"] == "2" and cfg.env()["ACCELERATE_GRADIENT_CLIPPING"] == "1.0"
+    assert ca.parse_rdzv_conf("a=1, b = x,,") == {"a": "1", "b": "x"}
+    for bad in (dict(num_cpu_threads_per_process=0), dict(tee="7"), dict(tee="0:3,x"), dict(rdzv_conf="=1")):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            ClusterConfig(**bad)
+
+
+def test_write_basic_config(tmp_path, monkeypatch):
+    from accelerate.commands.config.default import write_basic_config as hf_write_basic_config
+
+    from accelerate_c.utils import write_basic_config  # exported lazily, like HF's accelerate.utils name
+
+    monkeypatch.setenv("ACCELERATE_C_CONFIG_DIR", str(tmp_path / "cfgdir"))
+    path = write_basic_config(mixed_precision="BF16", save_location=str(tmp_path / "basic.yaml"))
+    hf_path = hf_write_basic_config(mixed_precision="bf16", save_location=str(tmp_path / "hf.yaml"))
+    assert str(path) == str(tmp_path / "basic.yaml") and type(path) is type(hf_path)
+    # Same machine, same settings: our file and HF's describe the same config (read by us and by HF).
+    assert load_config(str(path)) == load_config(str(hf_path))
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    assert load_config_from_file(str(path)).to_dict() == load_config_from_file(str(hf_path)).to_dict()
+    # HF's refusal to overwrite: returns False and leaves the file as it was.
+    before = path.read_text()
+    assert write_basic_config(mixed_precision="fp16", save_location=str(path)) is False
+    assert hf_write_basic_config(mixed_precision="fp16", save_location=str(hf_path)) is False
+    assert path.read_text() == before
+    with pytest.raises(ValueError, match="mixed_precision"):
+        write_basic_config(mixed_precision="fp32", save_location=str(tmp_path / "other.yaml"))
+    # Default location: our default file; .json names give JSON.
+    assert str(write_basic_config()) == ca.default_config_file()
+    json_path = write_basic_config(save_location=str(tmp_path / "basic.json"))
+    assert json.loads(json_path.read_text())["mixed_precision"] == "no"

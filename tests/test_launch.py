@@ -5,6 +5,7 @@
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import time
 
 import pytest
 
+from accelerate_c.commands import config_args as ca
 from accelerate_c.commands import launch
 from accelerate_c.commands.config_args import ClusterConfig, ConfigError, save_config
 from conftest import alive
@@ -40,7 +42,9 @@ ENV_SCRIPT = textwrap.dedent("""
 
 
 def cli(args, tmp_path, timeout=90, **kw):
-    env = dict(os.environ, PYTHONPATH=ROOT, ACCELERATE_C_CONFIG_DIR=str(tmp_path / "cfgdir"))
+    # Both default config files (ours and HF's) point into tmp_path: the real home is never read.
+    env = dict(os.environ, PYTHONPATH=ROOT, ACCELERATE_C_CONFIG_DIR=str(tmp_path / "cfgdir"),
+               HF_HOME=str(tmp_path / "hf_home"), XDG_CACHE_HOME=str(tmp_path / "xdg"))
     env.pop("OMP_NUM_THREADS", None)
     env.update(kw.pop("env", {}))
     return subprocess.Popen([sys.executable, "-m", "accelerate_c", *args], stdout=subprocess.PIPE,
@@ -85,6 +89,16 @@ def test_parse_flags_and_script_args():
     assert args.mixed_precision is None  # absent flags stay None so the config file can fill them
     with pytest.raises(SystemExit):
         parse(["--mixed_precision", "fp32", "train.py"])
+    # HF's hyphenated spellings are the same options; after the script everything belongs to the script.
+    args = parse(["--num-processes", "2", "--mixed-precision", "bf16", "--dynamo-backend", "inductor", "--multi-gpu",
+                  "--num-cpu-threads-per-process", "2", "-t", "3", "--rdzv-conf", "a=1", "--same-network",
+                  "train.py", "--num-processes", "7"])
+    assert (args.num_processes, args.mixed_precision, args.dynamo__backend, args.distributed_type) == \
+           (2, "bf16", "INDUCTOR", "MULTI_GPU")
+    assert (args.num_cpu_threads_per_process, args.tee, args.rdzv_conf, args.same_network) == (2, "3", "a=1", True)
+    assert args.training_script_args == ["--num-processes", "7"]
+    with pytest.raises(SystemExit):
+        parse(["--dynamo_backend", "nonsense", "train.py"])
 
 
 def test_config_file_then_flags(tmp_path, monkeypatch):
@@ -363,3 +377,185 @@ def test_test_command(tmp_path):
         pytest.skip("accelerate_c.Accelerator is not in this branch yet (the core provides it)")
     rc, out, err = _selfcheck(tmp_path, None, shim=False)
     assert rc == 0 and "Test is a success!" in out, out + err
+
+
+# ---- HF's launch flags, HF's default config file, -q --------------------------------------------------
+
+HF_STYLE_FLAGS = ["--num-processes", "2", "--num-cpu-threads-per-process", "3", "--dynamo-backend", "inductor",
+                  "--dynamo_mode", "max-autotune", "--dynamo-use-fullgraph", "--dynamo_use_dynamic",
+                  "--dynamo-use-regional-compilation"]
+
+
+def _hf_rank_env(argv, monkeypatch, tmp_path):
+    """The rank environment HF Accelerate 1.15 builds for `accelerate launch ARGV x.py` (no default file)."""
+    import accelerate.commands.launch as hf_launch
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    monkeypatch.setattr(hf_launch, "default_config_file", str(tmp_path / "no_hf_default.yaml"))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    args, _, _ = hf_launch._validate_launch_command(hf_launch.launch_command_parser().parse_args([*argv, "x.py"]))
+    args.main_process_port = 0  # HF would probe its default port 29500; any free one does here
+    return prepare_multi_gpu_env(args)
+
+
+def test_hf_flags_give_hf_rank_env(monkeypatch, tmp_path):
+    from accelerate.utils import str_to_bool
+
+    monkeypatch.setenv("ACCELERATE_C_CONFIG_DIR", str(tmp_path / "ours"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    argv = [*HF_STYLE_FLAGS, "--multi-gpu"]
+    hf = _hf_rank_env(argv, monkeypatch, tmp_path)
+    ours = launch.rank_env(launch.resolve_config(parse([*argv, "x.py"])), parse(["x.py"]), 2, "run")
+    keys = sorted(k for k in hf if k.startswith("ACCELERATE_DYNAMO_")) + ["OMP_NUM_THREADS"]
+    assert len(keys) == 6
+    for key in keys:
+        h, o = hf[key], ours[key]
+        if h in ("True", "False"):
+            h, o = str_to_bool(h), str_to_bool(o)
+        assert o == h, (key, o, h)
+    # HF passes ACCELERATE_GRADIENT_CLIPPING (it acts with DeepSpeed only); we pass it the same way.
+    cfg = launch.resolve_config(parse(["--gradient-clipping", "0.5", "--cpu", "x.py"]))
+    assert cfg.env()["ACCELERATE_GRADIENT_CLIPPING"] == "0.5"
+    assert ClusterConfig().env()["ACCELERATE_DYNAMO_BACKEND"] == "NO"  # always set, as HF does
+
+
+def test_multi_gpu_flag_rules(monkeypatch, tmp_path):
+    monkeypatch.setenv("ACCELERATE_C_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(ConfigError, match="--cpu"):
+        launch.resolve_config(parse(["--multi_gpu", "--cpu", "x.py"]))
+    with pytest.raises(ConfigError, match="2 or more"):
+        launch.resolve_config(parse(["--multi_gpu", "--num_processes", "1", "x.py"]))
+    monkeypatch.setattr(launch, "_cuda_count", lambda: 0)
+    cfg = launch.resolve_config(parse(["--multi_gpu", "--num_processes", "2", "x.py"]))
+    assert (cfg.use_cpu, cfg.distributed_type, cfg.num_processes) == (True, "MULTI_CPU", 2)
+
+
+def test_launch_config_arguments(monkeypatch, tmp_path):
+    """--log_dir, --tee and --rdzv_conf reach torch's LaunchConfig (captured instead of launched)."""
+    import torch.distributed.launcher.api as api
+
+    seen = {}
+
+    def fake_elastic_launch(config, entrypoint):
+        seen["config"] = config
+        return lambda *argv: None
+
+    monkeypatch.setattr(api, "elastic_launch", fake_elastic_launch)
+    monkeypatch.setenv("ACCELERATE_C_CONFIG_DIR", str(tmp_path))
+    script = tmp_path / "x.py"
+    script.write_text("")
+    args = parse(["--cpu", "--num_processes", "2", "--log_dir", str(tmp_path / "logs"), "--tee", "0:3,1:1",
+                  "--rdzv_conf", "join_timeout=77, custom=v", str(script)])
+    assert launch.launch_command(args) == 0
+    lc = seen["config"]
+    assert lc.logs_specs.root_log_dir == str(tmp_path / "logs") and (tmp_path / "logs").is_dir()
+    assert lc.rdzv_configs["join_timeout"] == "77" and lc.rdzv_configs["custom"] == "v"
+    assert lc.rdzv_configs["is_host"] is True  # ours stay unless overridden
+    with pytest.raises(ConfigError, match="rdzv_conf"):
+        launch.resolve_config(parse(["--cpu", "--rdzv_conf", "novalue", str(script)]))
+    with pytest.raises(ConfigError, match="tee"):
+        launch.resolve_config(parse(["--cpu", "--tee", "4", str(script)]))
+    with pytest.raises(ConfigError, match="log_dir"):
+        launch.resolve_config(parse(["--cpu", "--log_dir", str(script), str(script)]))
+
+
+def test_hf_flags_reach_the_ranks(tmp_path, env_script):
+    """One real launch with HF's spellings: the ranks see the thread count, dynamo and clipping variables,
+    and --tee 3 --log_dir leaves each rank's output in its log file."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "envprint.py"
+    script.write_text(ENV_SCRIPT + "print('rank output', dist.get_rank() if dist.is_initialized() else '')\n")
+    rc, so, se = finish(cli(["launch", *HF_STYLE_FLAGS, "--multi-gpu", "--gradient-clipping", "0.5", "--tee", "3",
+                             "--log-dir", str(tmp_path / "logs"), "--rdzv-conf", "join_timeout=60", "--same-network",
+                             str(script), str(out)], tmp_path))
+    assert rc == 0, se
+    import torch
+
+    if not torch.cuda.is_available():
+        assert "--multi_gpu" in se and "no CUDA GPU" in se and "running 2 CPU process(es)" in se, se
+    assert "gradient_clipping=0.5" in se and "no effect yet" in se, se
+    for info in read_ranks(out, 2):
+        assert info["OMP_NUM_THREADS"] == "3"  # (torch caps its own count at the cores it may use)
+        assert (info["ACCELERATE_DYNAMO_BACKEND"], info["ACCELERATE_DYNAMO_MODE"]) == ("INDUCTOR", "max-autotune")
+        for flag in ("USE_FULLGRAPH", "USE_DYNAMIC", "USE_REGIONAL_COMPILATION"):
+            assert info["ACCELERATE_DYNAMO_" + flag] == "true"
+        assert info["ACCELERATE_GRADIENT_CLIPPING"] == "0.5"
+    logs = sorted((tmp_path / "logs").rglob("stdout.log"))
+    assert len(logs) == 2 and all("rank output" in p.read_text() for p in logs), logs
+    assert "rank output" in so  # tee: on the console as well
+
+
+def _write_default(path, num_processes, mixed_precision):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_processes: "
+                    f"{num_processes}\nmixed_precision: {mixed_precision}\nuse_cpu: true\n")
+
+
+def test_hf_default_config_file(monkeypatch, tmp_path):
+    """Our default file first, then HF's ($HF_HOME/accelerate, HF_HOME defaulting to $XDG_CACHE_HOME/
+    huggingface); with --cpu neither is read. HF 1.15 on the same files is the reference."""
+    import accelerate.commands.launch as hf_launch
+
+    ours, hf_home, xdg = tmp_path / "ours", tmp_path / "hf_home", tmp_path / "xdg"
+    monkeypatch.setenv("ACCELERATE_C_CONFIG_DIR", str(ours))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    monkeypatch.delenv("HF_HOME", raising=False)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    probe = "from accelerate.commands.config.config_args import default_config_file as f; print(f)"
+    for home in (None, hf_home):  # HF's own path, computed by HF in a fresh process, is ours
+        if home is not None:
+            monkeypatch.setenv("HF_HOME", str(home))
+            env["HF_HOME"] = str(home)
+        hf_path = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                                 timeout=60).stdout.strip()
+        assert hf_path == ca.hf_default_config_file(), (hf_path, ca.hf_default_config_file())
+    assert ca.find_default_config() is None and launch.resolve_config(parse(["x.py"])).num_processes >= 1
+    hf_file = hf_home / "accelerate" / "default_config.yaml"
+    _write_default(hf_file, 3, "bf16")
+    import accelerate.commands.config.config_args as hf_config_args
+
+    for module in (hf_launch, hf_config_args):  # HF reads the path once, at import
+        monkeypatch.setattr(module, "default_config_file", str(hf_file))
+    for argv in (["x.py"], ["--cpu", "x.py"], ["--num_processes", "2", "x.py"]):
+        cfg = launch.resolve_config(parse(argv))
+        hf_args, _, _ = hf_launch._validate_launch_command(hf_launch.launch_command_parser().parse_args(argv))
+        assert cfg.mixed_precision == hf_args.mixed_precision, argv  # bf16 only when the file was read
+        if "--cpu" not in argv:  # (without a file HF leaves num_processes at the GPU count, 0 here)
+            assert cfg.num_processes == hf_args.num_processes, argv
+    assert launch.resolve_config(parse(["--cpu", "x.py"])).mixed_precision == "no"  # --cpu: not read
+    assert launch.resolve_config(parse(["x.py"])).mixed_precision == "bf16"
+    _write_default(ours / "default_config.yaml", 4, "fp16")  # ours wins over HF's
+    assert (launch.resolve_config(parse(["x.py"])).num_processes, ca.find_default_config()) == \
+           (4, str(ours / "default_config.yaml"))
+
+
+# torch's log format ("E1130 23:36:13.005000 7676 torch/...py:1002] ...") or any mention of its launch modules.
+TORCH_LOG_LINE = re.compile(r"^[DIWEC]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]"
+                            r"|torch[./]distributed[./](elastic|launcher|run)", re.MULTILINE)
+
+
+def test_quiet_hides_torch_launcher_logs(tmp_path):
+    """Regression: `launch -q` used to set a level on "torch.distributed.elastic", which elastic's own
+    loggers ignore (each has its own level) and which let its ERROR "failed (exitcode ...)" line through."""
+    script = tmp_path / "fail.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        print("hello from rank %d" % dist.get_rank(), flush=True)
+        dist.barrier()
+        if dist.get_rank() == 1:
+            raise ValueError("boom from rank 1")
+        time.sleep(120)
+    """))
+    runs = {q: finish(cli(["launch", *q, "--num_processes", "2", "--cpu", str(script)], tmp_path), timeout=60)
+            for q in ((), ("-q",))}
+    loud, quiet = runs[()], runs[("-q",)]
+    assert TORCH_LOG_LINE.search(loud[2]), loud[2]  # without -q torch's lines are there (the check can fail)
+    rc, so, se = quiet
+    assert rc == 1 and not TORCH_LOG_LINE.search(se), se
+    assert "hello from rank 0" in so and "hello from rank 1" in so, so  # the script's own output is intact
+    assert "ValueError: boom from rank 1" in se and "accelerate_c launch: rank 1 " in se, se

@@ -1,20 +1,22 @@
 # The command-line entry: one argparse parser with a sub-parser per command module, and the single place
 # where ConfigError / missing files become a short message and a non-zero exit code.
-# Not for: the commands themselves (launch.py, config.py, env.py, test.py).
+# Not for: the commands themselves (launch.py, config.py, env.py, test.py, estimate.py).
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import config, env, launch, test
+from . import config, env, estimate, launch, test
 from .config_args import ConfigError
+from .estimate import EstimateError
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m accelerate_c",
-                                     description="accelerate_c command line: launch, config, env, test")
-    sub = parser.add_subparsers(dest="command", metavar="{launch,config,env,test}")
-    for module in (launch, config, env, test):
+                                     description="accelerate_c command line: launch, config, env, test, "
+                                                 "estimate-memory")
+    sub = parser.add_subparsers(dest="command", metavar="{launch,config,env,test,estimate-memory}")
+    for module in (launch, config, env, test, estimate):
         module.add_parser(sub)
     return parser
 
@@ -27,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except ConfigError as exc:
+    except (ConfigError, EstimateError) as exc:
         print(f"accelerate_c {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:

@@ -2,6 +2,7 @@
 # `config` asks questions on stdin (plain lines, so piped answers work; an empty answer keeps the
 # default shown in brackets), `config default` writes detected defaults (+ any config flag given),
 # `config update` re-validates an existing file (ours or HF's) and rewrites it in the current format.
+# `write_basic_config` (HF's utils function, exported by accelerate_c.utils) is `config default` for code.
 # The question texts, types and allowed values come from ClusterConfig's field metadata.
 # Not for: the key set or validation rules (config_args.py).
 from __future__ import annotations
@@ -10,10 +11,11 @@ import argparse
 import dataclasses
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
-from .config_args import (ClusterConfig, ConfigError, add_config_flags, apply_flags, default_config_file,
-                          load_config, parse_answer, save_config)
+from .config_args import ClusterConfig, ConfigError, default_config_file, load_config, parse_answer, save_config
+from .config_flags import HelpFormatter, add_config_flags, add_flag, apply_flags
 
 # Order of the questions; a predicate decides whether a question applies given the answers so far.
 QUESTIONS: list[tuple[str, Callable[[dict[str, Any]], bool]]] = [
@@ -31,15 +33,15 @@ QUESTIONS: list[tuple[str, Callable[[dict[str, Any]], bool]]] = [
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("config", help="create or update the config file `launch` reads")
-    p.add_argument("--config_file", default=None, help=f"where to write (default: {default_config_file()})")
+    add_flag(p, "--config_file", default=None, help=f"where to write (default: {default_config_file()})")
     p.set_defaults(func=config_command)
     sub = p.add_subparsers(dest="config_command", metavar="{default,update}")
-    d = sub.add_parser("default", help="write a default config without questions")
-    d.add_argument("--config_file", default=None, help="where to write")
+    d = sub.add_parser("default", help="write a default config without questions", formatter_class=HelpFormatter)
+    add_flag(d, "--config_file", default=None, help="where to write")
     add_config_flags(d)
     d.set_defaults(func=default_command)
     u = sub.add_parser("update", help="validate an existing config and rewrite it in the current format")
-    u.add_argument("--config_file", default=None, help="the file to update")
+    add_flag(u, "--config_file", default=None, help="the file to update")
     u.set_defaults(func=update_command)
     return p
 
@@ -110,14 +112,30 @@ def config_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def default_command(args: argparse.Namespace) -> int:
-    path = args.config_file or default_config_file()
+def _write_default(cfg: ClusterConfig, path: str) -> Path | None:
+    """Save the detected defaults + `cfg`'s settings at `path`, or None (and say so) when a file is there."""
     if os.path.exists(path):
-        print(f"accelerate_c config: {path} already exists; not overwriting it (use `config update`, or "
-              f"remove it first)", file=sys.stderr)
+        print(f"accelerate_c config: {path} already exists; not overwriting it (use `config update`, pass another "
+              f"location, or remove it first)", file=sys.stderr)
+        return None
+    return Path(save_config(_with_distributed_type(cfg), path))
+
+
+def write_basic_config(mixed_precision: str = "no", save_location: str | None = None) -> Path | bool:
+    """HF's `write_basic_config`: a config for this machine (all visible GPUs, else one CPU process) with
+    `mixed_precision`, saved at `save_location` (default: our default file; .json -> JSON, else YAML).
+    Returns the path, or False without touching an existing file."""
+    mixed_precision = mixed_precision.lower()  # HF accepts any case
+    path = _write_default(dataclasses.replace(_detect(), mixed_precision=mixed_precision),
+                          str(save_location or default_config_file()))
+    return False if path is None else path
+
+
+def default_command(args: argparse.Namespace) -> int:
+    path = _write_default(apply_flags(_detect(), args), args.config_file or default_config_file())
+    if path is None:
         return 1
-    cfg = _with_distributed_type(apply_flags(_detect(), args))
-    print(f"accelerate_c config saved at {save_config(cfg, path)}")
+    print(f"accelerate_c config saved at {path}")
     return 0
 
 

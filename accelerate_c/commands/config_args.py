@@ -1,19 +1,23 @@
 # The launch/config settings as ONE dataclass (`ClusterConfig`) whose fields are the YAML keys of
 # HF Accelerate's ClusterConfig (1.15) plus a few accelerate_c extensions. Everything else is derived
 # from the field metadata: reading/writing YAML or JSON, validation (unknown key / wrong type / value
-# not allowed -> ConfigError naming the key and the allowed values), `launch` flags and their
-# defaults, and the ACCELERATE_* environment variables handed to the ranks.
-# Not for: the launching itself (launch.py) or the interactive questions (config.py).
+# not allowed -> ConfigError naming the key and the allowed values), the ACCELERATE_* environment
+# variables handed to the ranks, and (config_flags.py) the `launch` flags; where the default file is.
+# Not for: the launching itself (launch.py), the flags (config_flags.py), the nested blocks
+# (config_blocks.py) or the interactive questions (config.py).
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import json
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
+
+from .config_blocks import BLOCKS, DynamoConfig, FP8Config, env_str as _env_str, setting as _opt
 
 # HF's DistributedType values: all are accepted in a file; the launcher runs every one of them
 # through torch's elastic agent (except XLA, which needs torch_xla).
@@ -27,66 +31,21 @@ class ConfigError(ValueError):
     """A bad config key or value; the message names the key and what is allowed."""
 
 
-def _opt(default: Any, kind: str, help: str, *, choices: tuple | None = None, env: str | None = None,
-         flag: str | None = None, ext: bool = False, question: str | None = None) -> Any:
-    """One setting. kind: int|float|str|bool|dict|list; flag: the `launch` option (None = no flag);
-    env: the variable the ranks receive; ext: an accelerate_c key, written only when not default;
-    question: asked by the interactive `config`."""
-    meta = dict(kind=kind, help=help, choices=choices, env=env, flag=flag, ext=ext, question=question)
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-@dataclass
-class FP8Config:
-    """The `fp8_config` block. Keys are HF's; `fp8_`-prefixed spellings are accepted too. Each key has a
-    `launch --fp8_<key>` flag and an ACCELERATE_FP8_<KEY> variable (HF's names)."""
-    backend: str | None = _opt(None, "str", "FP8 backend (HF: TE|MSAMP|AO); accelerate_c uses its own",
-                               choices=("TE", "MSAMP", "AO", "te", "msamp", "ao"))
-    fp8_format: str = _opt("HYBRID", "str", "FP8 recipe format", choices=("E4M3", "HYBRID", "E5M2"))
-    amax_history_len: int = _opt(1024, "int", "length of the amax history for scaling")
-    amax_compute_algo: str = _opt("most_recent", "str", "how the scale is derived from the amax history",
-                                  choices=("max", "most_recent"))
-    margin: int = _opt(0, "int", "margin (power of two) for the fp8 scale")
-    interval: int = _opt(1, "int", "how often (steps) the scale is recomputed")
-    override_linear_precision: Any = _opt(None, "list", "(fprop, dgrad, wgrad) in higher precision")
-    use_autocast_during_eval: bool = _opt(False, "bool", "keep fp8 autocast during eval")
-    opt_level: str | None = _opt(None, "str", "MS-AMP optimisation level", choices=("O1", "O2"))
-    enable_fsdp_float8_all_gather: bool = _opt(False, "bool", "fp8 all-gather for FSDP2 (torchao)")
-    pad_inner_dim: bool = _opt(False, "bool", "pad inner dims of fp8 GEMMs (torchao)")
-
-    @staticmethod
-    def key_of(name: str) -> str:
-        """Canonical field name for a file key ('fp8_margin' -> 'margin'; 'fp8_format' stays)."""
-        names = {f.name for f in dataclasses.fields(FP8Config)}
-        if name in names:
-            return name
-        if name.startswith("fp8_") and name[4:] in names:
-            return name[4:]
-        return name
-
-    @staticmethod
-    def flag_of(name: str) -> str:
-        return "--fp8_" + name.removeprefix("fp8_")
-
-    @staticmethod
-    def env_of(name: str) -> str:
-        return "ACCELERATE_FP8_" + name.removeprefix("fp8_").upper()
-
-
 @dataclass
 class ClusterConfig:
     """Every key of an accelerate(_c) config file. HF's keys first, then ours (ext=True)."""
     compute_environment: str = _opt("LOCAL_MACHINE", "str", "where to run (SageMaker is not supported)",
                                     choices=("LOCAL_MACHINE",))
     distributed_type: str = _opt("NO", "str", "HF's distributed type (all run on torch's elastic agent)",
-                                 choices=DISTRIBUTED_TYPES, question="Distributed type")
+                                 choices=DISTRIBUTED_TYPES, question="Distributed type",
+                                 switches={"--multi_gpu": ("MULTI_GPU", "one process per GPU; without CUDA "
+                                                           "the processes run on CPU, with a warning")})
     mixed_precision: str = _opt("no", "str", "mixed precision", choices=MIXED_PRECISION,
                                 env="ACCELERATE_MIXED_PRECISION", flag="--mixed_precision",
                                 question="Mixed precision")
-    use_cpu: bool = _opt(False, "bool", "train on CPU even when GPUs are present", env="ACCELERATE_USE_CPU",
-                         flag="--cpu", question="Run on CPU only")
+    use_cpu: bool = _opt(False, "bool", "train on CPU even when GPUs are present (the default config file is "
+                         "then not read, as in HF)", env="ACCELERATE_USE_CPU", flag="--cpu",
+                         question="Run on CPU only")
     debug: bool = _opt(False, "bool", "check distributed operations for errors", env="ACCELERATE_DEBUG_MODE",
                        flag="--debug", question="Check distributed operations for errors (debug mode)")
     num_processes: int = _opt(1, "int", "total number of processes over all machines",
@@ -103,7 +62,8 @@ class ClusterConfig:
                                          question="Main process port")
     rdzv_backend: str = _opt("static", "str", "rendezvous backend for several machines",
                              choices=("static", "c10d"), flag="--rdzv_backend")
-    same_network: bool = _opt(False, "bool", "machines share a local network (informational)")
+    same_network: bool = _opt(False, "bool", "machines share a local network (accepted; the rendezvous on the "
+                              "main machine's address is the same either way)", flag="--same_network")
     main_training_function: str = _opt("main", "str", "TPU only: the function to launch")
     enable_cpu_affinity: bool = _opt(False, "bool", "bind ranks to NUMA nodes", env="ACCELERATE_CPU_AFFINITY",
                                      flag="--enable_cpu_affinity")
@@ -113,7 +73,7 @@ class ClusterConfig:
     parallelism_config: dict = _opt({}, "dict", "parallelism sizes (read by the parallelism config)")
     megatron_lm_config: dict = _opt({}, "dict", "Megatron-LM settings (read by the TP/PP strategies)")
     mpirun_config: dict = _opt({}, "dict", "mpirun settings (not used: accelerate_c needs no MPI)")
-    dynamo_config: dict = _opt({}, "dict", "torch.compile settings")
+    dynamo_config: dict = _opt({}, "dict", "torch.compile settings (see DynamoConfig)")
     downcast_bf16: bool = _opt(False, "bool", "TPU only: downcast to bf16", env="ACCELERATE_DOWNCAST_BF16")
     tpu_name: str | None = _opt(None, "str", "TPU only")
     tpu_zone: str | None = _opt(None, "str", "TPU only")
@@ -123,22 +83,44 @@ class ClusterConfig:
     commands: list | None = _opt(None, "list", "TPU only")
     tpu_vm: list | None = _opt(None, "list", "TPU only")
     tpu_env: list | None = _opt(None, "list", "TPU only")
-    # accelerate_c extensions (written only when changed, so default files stay readable by HF).
+    # accelerate_c extensions (written only when changed, so default files stay readable by HF; the
+    # launch-only ones are HF `launch` flags that HF keeps out of its file).
     gradient_accumulation_steps: int | None = _opt(None, "int", "gradient accumulation steps",
                                                    env="ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
                                                    flag="--gradient_accumulation_steps", ext=True,
                                                    question="Gradient accumulation steps")
+    gradient_clipping: float | None = _opt(None, "float", "gradient clipping value, passed on as "
+                                           "ACCELERATE_GRADIENT_CLIPPING; HF applies it with DeepSpeed only, and "
+                                           "in accelerate_c it has NO effect yet (DeepSpeed/ZeRO comes later)",
+                                           env="ACCELERATE_GRADIENT_CLIPPING", flag="--gradient_clipping", ext=True)
+    num_cpu_threads_per_process: int | None = _opt(None, "int", "CPU threads per rank (OMP_NUM_THREADS; default: "
+                                                   "the variable when set, else cores / local processes)",
+                                                   env="OMP_NUM_THREADS", flag="--num_cpu_threads_per_process",
+                                                   ext=True)
     max_restarts: int = _opt(0, "int", "restarts of the whole local group after a failure",
                              flag="--max_restarts", ext=True)
     monitor_interval: float = _opt(0.1, "float", "seconds between health checks of the ranks",
                                    flag="--monitor_interval", ext=True)
+    rdzv_conf: str | None = _opt(None, "str", "more rendezvous settings, 'key=value,key2=value2' (torch's "
+                                 "rendezvous configs, e.g. join_timeout=600)", flag="--rdzv_conf", ext=True)
+    tee: str = _opt("0", "str", "copy the ranks' streams into log files too: 0 none, 1 stdout, 2 stderr, 3 both, "
+                    "or per rank '0:3,1:1' (torch's --tee)", flag="--tee", aliases=("-t",), ext=True)
+    log_dir: str | None = _opt(None, "str", "directory for torch elastic's per-rank log and error files (kept; "
+                               "default: a temporary one, removed at exit)", flag="--log_dir", ext=True)
 
     def __post_init__(self) -> None:
         validate(self)
 
+    def block(self, key: str) -> Any:
+        """The `key` block (fp8_config, dynamo_config) as its validated dataclass."""
+        cls = BLOCKS[key]
+        return _build(cls, {cls.key_of(k): v for k, v in getattr(self, key).items()}, key + ".")
+
     def fp8(self) -> FP8Config:
-        """The fp8_config block as a validated FP8Config."""
-        return _build(FP8Config, {FP8Config.key_of(k): v for k, v in self.fp8_config.items()}, "fp8_config.")
+        return self.block("fp8_config")
+
+    def dynamo(self) -> DynamoConfig:
+        return self.block("dynamo_config")
 
     def to_dict(self) -> dict[str, Any]:
         """The file form: HF keys always (None dropped, like HF), extension keys only when not default."""
@@ -151,7 +133,7 @@ class ClusterConfig:
         return out
 
     def env(self) -> dict[str, str]:
-        """Variables for the ranks, derived from the `env` metadata (+ ACCELERATE_FP8_* for fp8)."""
+        """Variables for the ranks, derived from the `env` metadata and the blocks' fields."""
         out: dict[str, str] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -165,25 +147,13 @@ class ClusterConfig:
         # The whole resolved config, so a strategy can read its own block (fsdp_config, ...) in a rank.
         out[CONFIG_ENV] = json.dumps(self.to_dict(), sort_keys=True)
         if self.mixed_precision == "fp8":
-            fp8 = self.fp8()
-            for f in dataclasses.fields(fp8):
-                value = getattr(fp8, f.name)
-                if value is None:
-                    continue
-                if f.name == "override_linear_precision":
-                    for part, v in zip(("FPROP", "DGRAD", "WGRAD"), value):
-                        out["ACCELERATE_FP8_OVERRIDE_" + part] = _env_str(v)
-                else:
-                    out[FP8Config.env_of(f.name)] = _env_str(value)
+            out.update(self.fp8().env())
+        out.update(self.dynamo().env())  # always, as HF does (backend NO when not configured)
         return out
 
 
 def _default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
-
-
-def _env_str(value: Any) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 def _allowed(f: dataclasses.Field) -> str:
@@ -197,6 +167,8 @@ def _allowed(f: dataclasses.Field) -> str:
 def _check(f: dataclasses.Field, value: Any, prefix: str = "") -> Any:
     """Return `value` converted to the field's kind, or raise ConfigError naming key and allowed values."""
     kind, choices = f.metadata["kind"], f.metadata["choices"]
+    if f.metadata["norm"] and isinstance(value, str):
+        value = f.metadata["norm"](value)
     if value is None and (_default(f) is None or kind in ("dict", "list")):
         return _default(f)
     ok = False
@@ -244,7 +216,8 @@ def validate(cfg: ClusterConfig) -> None:
     """Type/choice checks of every field, fp8_config keys, and the cross-field rules."""
     for f in dataclasses.fields(cfg):
         object.__setattr__(cfg, f.name, _check(f, getattr(cfg, f.name)))
-    cfg.fp8()
+    for key in BLOCKS:
+        cfg.block(key)
     for key in ("num_processes", "num_machines"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"config key `{key}`: got {getattr(cfg, key)}; allowed: an integer >= 1")
@@ -257,6 +230,27 @@ def validate(cfg: ClusterConfig) -> None:
         raise ConfigError("config key `gradient_accumulation_steps`: allowed: an integer >= 1")
     if cfg.main_process_port is not None and not 0 <= cfg.main_process_port < 65536:
         raise ConfigError(f"config key `main_process_port`: got {cfg.main_process_port}; allowed: 0..65535")
+    if cfg.num_cpu_threads_per_process is not None and cfg.num_cpu_threads_per_process < 1:
+        raise ConfigError(f"config key `num_cpu_threads_per_process`: got {cfg.num_cpu_threads_per_process}; "
+                          "allowed: an integer >= 1")
+    if not re.fullmatch(r"[0-3]|\d+:[0-3](,\d+:[0-3])*", cfg.tee):
+        raise ConfigError(f"config key `tee`: got {cfg.tee!r}; allowed: 0, 1, 2, 3 (none, stdout, stderr, both) or "
+                          "per local rank 'rank:0-3,...' such as '0:3,1:1'")
+    parse_rdzv_conf(cfg.rdzv_conf)
+
+
+def parse_rdzv_conf(text: str | None) -> dict[str, str]:
+    """'k=v,k2=v2' -> {'k': 'v', 'k2': 'v2'} (torch's --rdzv_conf form); ConfigError naming a bad item."""
+    out: dict[str, str] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"config key `rdzv_conf`: bad item {item!r} in {text!r}; allowed: "
+                              "'key=value' items separated by commas")
+        out[key.strip()] = value.strip()
+    return out
 
 
 def from_dict(data: dict[str, Any]) -> ClusterConfig:
@@ -290,7 +284,21 @@ def config_dir() -> str:
 
 
 def default_config_file() -> str:
+    """Where `config` writes and `launch` looks first: <config_dir()>/default_config.yaml."""
     return os.path.join(config_dir(), "default_config.yaml")
+
+
+def hf_default_config_file() -> str:
+    """HF Accelerate's default file: $HF_HOME/accelerate/default_config.yaml, HF_HOME defaulting to
+    $XDG_CACHE_HOME/huggingface (~/.cache/huggingface), read at call time (HF reads it at import)."""
+    cache = os.environ.get("XDG_CACHE_HOME", "~/.cache")
+    return os.path.join(os.path.expanduser(os.environ.get("HF_HOME", os.path.join(cache, "huggingface"))),
+                        "accelerate", "default_config.yaml")
+
+
+def find_default_config() -> str | None:
+    """The default file in use: ours when it exists, else HF's when it exists, else None."""
+    return next((p for p in (default_config_file(), hf_default_config_file()) if os.path.isfile(p)), None)
 
 
 def load_config(path: str | None = None) -> ClusterConfig:
@@ -324,8 +332,6 @@ def save_config(cfg: ClusterConfig, path: str | None = None) -> str:
     return path
 
 
-# ---- CLI derivation -------------------------------------------------------------------------------
-
 def _parse_bool(text: str) -> bool:
     low = text.strip().lower()
     if low in ("1", "true", "yes", "y", "on"):
@@ -335,52 +341,14 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r}")
 
 
-_ARG_TYPES = {"int": int, "float": float, "str": str}
-
-
-def add_config_flags(parser: Any) -> None:
-    """Add one option per field that has a `flag` (+ the --fp8_* options). Defaults are None so that
-    `apply_flags` can tell a given flag from an absent one (config file values fill the rest)."""
-    for f in dataclasses.fields(ClusterConfig):
-        meta = f.metadata
-        if not meta["flag"]:
-            continue
-        if meta["kind"] == "bool":
-            parser.add_argument(meta["flag"], dest=f.name, action="store_const", const=True, default=None,
-                                help=meta["help"])
-        else:
-            parser.add_argument(meta["flag"], dest=f.name, type=_ARG_TYPES[meta["kind"]], default=None,
-                                choices=meta["choices"], help=meta["help"])
-    for f in dataclasses.fields(FP8Config):
-        meta = f.metadata
-        if f.name == "override_linear_precision":
-            continue
-        kw: dict[str, Any] = dict(dest="fp8__" + f.name, default=None, help=f"fp8: {meta['help']}")
-        if meta["kind"] == "bool":
-            parser.add_argument(FP8Config.flag_of(f.name), action="store_const", const=True, **kw)
-        else:
-            parser.add_argument(FP8Config.flag_of(f.name), type=_ARG_TYPES[meta["kind"]], choices=meta["choices"],
-                                metavar=f.name.removeprefix("fp8_").upper() if not meta["choices"] else None, **kw)
-
-
-def apply_flags(cfg: ClusterConfig, args: Any) -> ClusterConfig:
-    """A copy of `cfg` with every flag that was given on the command line put over it (flags win)."""
-    updates = {f.name: getattr(args, f.name) for f in dataclasses.fields(ClusterConfig)
-               if f.metadata["flag"] and getattr(args, f.name, None) is not None}
-    fp8 = {f.name: getattr(args, "fp8__" + f.name) for f in dataclasses.fields(FP8Config)
-           if getattr(args, "fp8__" + f.name, None) is not None}
-    if fp8:
-        merged = {FP8Config.key_of(k): v for k, v in cfg.fp8_config.items()}
-        merged.update(fp8)
-        updates["fp8_config"] = merged
-    return dataclasses.replace(cfg, **updates)
+ARG_TYPES = {"int": int, "float": float, "str": str}  # a field's kind -> the type of its flag's value
 
 
 def parse_answer(f: dataclasses.Field, text: str) -> Any:
     """Turn a typed answer into the field's kind (for the interactive `config`); ConfigError if bad."""
     kind = f.metadata["kind"]
     try:
-        value: Any = _parse_bool(text) if kind == "bool" else _ARG_TYPES[kind](text.strip())
+        value: Any = _parse_bool(text) if kind == "bool" else ARG_TYPES[kind](text.strip())
     except (ValueError, KeyError):
         raise ConfigError(f"config key `{f.name}`: got {text!r}; allowed: {_allowed(f)}") from None
     return _check(f, value)

@@ -8,7 +8,7 @@ import platform
 import sys
 from typing import Any
 
-from .config_args import default_config_file, load_config
+from .config_args import default_config_file, find_default_config, load_config
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -56,7 +56,7 @@ def collect(config_file: str | None = None) -> dict[str, Any]:
         info["CUDA version"] = torch.version.cuda
     else:
         info["GPUs"] = "none"
-    path = config_file or default_config_file()
+    path = config_file or find_default_config() or default_config_file()
     if os.path.isfile(path):
         info["Config file"] = path
         info["Config"] = load_config(path).to_dict()

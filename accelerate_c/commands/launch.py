@@ -1,7 +1,8 @@
 # `python -m accelerate_c launch`: run a script on N local processes (CPU or GPU) and optionally over
 # several machines, on torch's elastic agent (LaunchConfig + elastic_launch), never a home-made spawner.
-# Settings come from the config file, then flags (flags win); the ranks receive the ClusterConfig's
-# ACCELERATE_* variables plus ACCELERATE_C_HOST_ID / ACCELERATE_C_RUN_ID and OMP_NUM_THREADS.
+# Settings come from the config file (--config_file; else, unless --cpu, the default file: ours, then
+# HF's), then flags (flags win; HF's spellings, underscores or hyphens); the ranks receive the
+# ClusterConfig's ACCELERATE_* variables plus ACCELERATE_C_HOST_ID / ACCELERATE_C_RUN_ID and OMP_NUM_THREADS.
 # A failed rank stops every rank and turns into one line naming the rank and its error.
 # Not for: config file handling (config_args.py) or anything that runs inside a rank (_bootstrap.py).
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import logging
 import os
 import re
 import shutil
@@ -20,24 +22,31 @@ import uuid
 from typing import Any, Iterator
 
 from .watchdog import FailureWatch
-from .config_args import ClusterConfig, ConfigError, add_config_flags, apply_flags, default_config_file, load_config
+from .config_args import ClusterConfig, ConfigError, find_default_config, load_config, parse_rdzv_conf
+from .config_flags import HelpFormatter, add_config_flags, add_flag, apply_flags
 
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap.py")
 DEFAULT_MULTI_MACHINE_PORT = 29500  # HF's default when several machines must agree on a port
 SHUTDOWN_TIMEOUT_S = 5  # SIGTERM -> SIGKILL grace for the ranks, so a failure ends the job well within 30 s
+# The loggers of torch's launch stack that run in this (the launcher's) process; `-q` silences them.
+TORCH_LAUNCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("launch", allow_abbrev=False, help="run a training script on several processes/machines",
-                              description="Launch a script on --num_processes local processes "
-                                          "(CPU or GPU) with torch's elastic agent.")
-    p.add_argument("--config_file", default=None, help="config file (default: the one `config` wrote, if any)")
+                              formatter_class=HelpFormatter,
+                              description="Launch a script on --num_processes local processes (CPU or GPU) with "
+                                          "torch's elastic agent. Flags may be spelled with hyphens or underscores "
+                                          "(--num-processes 2 / --num_processes 2), as in HF Accelerate.")
+    add_flag(p, "--config_file", default=None, help="config file (default, unless --cpu is given: the one `config` "
+             "wrote, else HF Accelerate's $HF_HOME/accelerate/default_config.yaml, if any)")
     add_config_flags(p)
-    p.add_argument("--host_id", default=None, help="ACCELERATE_C_HOST_ID for these ranks: ranks with the same id "
-                   "share memory (default: unique per launcher invocation and machine rank)")
-    p.add_argument("-m", "--module", action="store_true", help="the target is a module name, as `python -m`")
-    p.add_argument("--no_python", action="store_true", help="run the target as an executable, without python")
-    p.add_argument("-q", "--quiet", action="store_true", help="hide torch elastic's own log lines")
+    add_flag(p, "--host_id", default=None, help="ACCELERATE_C_HOST_ID for these ranks: ranks with the same id "
+             "share memory (default: unique per launcher invocation and machine rank)")
+    add_flag(p, "--module", "-m", action="store_true", help="the target is a module name, as `python -m`")
+    add_flag(p, "--no_python", action="store_true", help="run the target as an executable, without python")
+    add_flag(p, "--quiet", "-q", action="store_true", help="hide the log lines of torch's elastic agent and launcher "
+             "(a failure still ends in one line naming the failed rank)")
     p.add_argument("training_script", help="script (or module with -m) to run")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments of the script")
     p.set_defaults(func=launch_command)
@@ -45,19 +54,49 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def resolve_config(args: argparse.Namespace) -> ClusterConfig:
-    """Config file (explicit, else the default file when it exists, else built-in defaults) + flags."""
-    if args.config_file:
-        cfg = load_config(args.config_file)
-    elif os.path.isfile(default_config_file()):
-        cfg = load_config(default_config_file())
+    """Config file + flags. The file: --config_file; else the default file (ours, else HF's) unless --cpu
+    was given (HF's rule: `--cpu` launches ignore the default file); else built-in defaults."""
+    if args.distributed_type == "MULTI_GPU" and args.use_cpu:
+        raise ConfigError("--multi_gpu and --cpu cannot be used together; allowed: one of them")
+    if args.distributed_type == "MULTI_GPU" and args.num_processes is not None and args.num_processes < 2:
+        raise ConfigError(f"--num_processes {args.num_processes} with --multi_gpu; allowed: 2 or more processes")
+    path = args.config_file or (None if args.use_cpu else find_default_config())
+    if path:
+        cfg = load_config(path)
     else:
         cfg = ClusterConfig()
         if args.num_processes is None and not args.use_cpu:
             cfg = ClusterConfig(num_processes=max(1, _cuda_count()))
     cfg = apply_flags(cfg, args)
     if not cfg.use_cpu and _cuda_count() == 0:
+        if cfg.distributed_type == "MULTI_GPU":
+            _warn(f"distributed_type MULTI_GPU (--multi_gpu) but no CUDA GPU is visible; running {cfg.num_processes} "
+                  "CPU process(es) instead")
+            cfg = dataclasses.replace(cfg, distributed_type="MULTI_CPU" if cfg.num_processes > 1 else "NO")
         cfg = dataclasses.replace(cfg, use_cpu=True)  # no GPU: the ranks are CPU ranks (ACCELERATE_USE_CPU=true)
+    if cfg.log_dir and os.path.isfile(cfg.log_dir):
+        raise ConfigError(f"config key `log_dir`: {cfg.log_dir!r} is a file; allowed: a directory (created if missing)")
+    if cfg.gradient_clipping is not None:
+        _warn(f"gradient_clipping={cfg.gradient_clipping} is passed to the ranks (ACCELERATE_GRADIENT_CLIPPING) but "
+              "has no effect yet: HF applies it with DeepSpeed only, which accelerate_c does not run yet")
     return cfg
+
+
+def _warn(text: str) -> None:
+    print(f"accelerate_c launch: warning: {text}", file=sys.stderr, flush=True)
+
+
+def quiet_torch_logs() -> None:
+    """`-q`. torch's elastic modules give each of their loggers its own level (LOGLEVEL, else WARNING) when
+    imported, so a level set on the parent "torch.distributed.elastic" is ignored by them, and lets the
+    ERROR "failed (exitcode ...)" line through anyway; "torch.distributed.launcher" is outside that tree.
+    Records still travel up the hierarchy whatever the levels, so each parent gets a NullHandler and stops
+    propagation: every record of those trees, from modules imported now or later, ends there."""
+    for name in TORCH_LAUNCH_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+            logger.addHandler(logging.NullHandler())
+        logger.propagate = False
 
 
 def _cuda_count() -> int:
@@ -82,7 +121,7 @@ def rank_env(cfg: ClusterConfig, args: argparse.Namespace, nproc: int, run_id: s
     env["ACCELERATE_C_RUN_ID"] = run_id
     env["ACCELERATE_C_NUM_MACHINES"] = str(cfg.num_machines)
     env["ACCELERATE_C_LAUNCHER_PID"] = str(os.getpid())  # ranks die with the launcher (_bootstrap.py)
-    if "OMP_NUM_THREADS" not in os.environ:
+    if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:  # HF: flag, else the variable
         env["OMP_NUM_THREADS"] = str(max(1, _cores() // nproc))
     if cfg.gpu_ids and cfg.gpu_ids != "all" and not cfg.use_cpu:
         env["CUDA_VISIBLE_DEVICES"] = cfg.gpu_ids
@@ -170,22 +209,21 @@ def launch_command(args: argparse.Namespace) -> int:
                           "any other distributed type")
     nproc = cfg.num_processes // cfg.num_machines
     rdzv = rendezvous(cfg)
+    rdzv["rdzv_configs"] = {**rdzv["rdzv_configs"], **parse_rdzv_conf(cfg.rdzv_conf)}  # --rdzv_conf wins
     entrypoint, argv = _entry(args)
     env = rank_env(cfg, args, nproc, rdzv["run_id"])
 
-    import logging
-
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if args.quiet:
-        logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+        quiet_torch_logs()
     log_dir = tempfile.mkdtemp(prefix="accelerate_c_launch_")
     lc = LaunchConfig(min_nodes=cfg.num_machines, max_nodes=cfg.num_machines, nproc_per_node=nproc,
-                      logs_specs=DefaultLogsSpecs(log_dir=log_dir), role="accelerate_c",
-                      max_restarts=cfg.max_restarts, monitor_interval=cfg.monitor_interval, start_method="spawn",
-                      shutdown_timeout=SHUTDOWN_TIMEOUT_S, **rdzv)
+                      logs_specs=DefaultLogsSpecs(log_dir=cfg.log_dir or log_dir, tee=Std.from_str(cfg.tee)),
+                      role="accelerate_c", max_restarts=cfg.max_restarts, monitor_interval=cfg.monitor_interval,
+                      start_method="spawn", shutdown_timeout=SHUTDOWN_TIMEOUT_S, **rdzv)
     agent_env = dict(env)
     if cfg.max_restarts > 0 and rdzv["rdzv_backend"] == "c10d":
         # A restarted group would otherwise reuse the rendezvous' TCPStore, where the previous attempt's

@@ -17,6 +17,7 @@ _LAZY = {
                    "initialize_tensors", "is_namedtuple", "is_tensor_information", "is_torch_tensor", "listify",
                    "pad_across_processes", "recursively_apply", "reduce", "send_to_device", "slice_tensors"),
     "random": ("set_seed", "synchronize_rng_state", "synchronize_rng_states"),
+    "accelerate_c.commands.config": ("write_basic_config",),
 }
 _LAZY_NAMES = {name: mod for mod, names in _LAZY.items() for name in names}
 
@@ -27,7 +28,7 @@ def __getattr__(name: str):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    value = getattr(importlib.import_module(mod if "." in mod else f"{__name__}.{mod}"), name)
     globals()[name] = value
     return value
 
