@@ -333,11 +333,29 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackingAPI, _C.Accelerator):
 
     @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: list, even_batches: Optional[bool] = None) -> Iterator[None]:
-        """HF supports this only for multi-GPU DDP; as HF does on CPU, warn and run the block unchanged."""
-        import warnings
-        warnings.warn("Joining uneven inputs is only supported for multi-GPU training; the block runs "
-                      "without torch.distributed.algorithms.Join", UserWarning, stacklevel=3)
-        yield
+        """Ranks may run out of batches at different times (HF's semantics, on CPU processes too): with
+        even_batches False (or overridden to False here, for map-style loaders), a rank out of inputs mirrors the
+        others' collectives until all are done (the strategy's join)."""
+        saved = []
+        if even_batches is not None:
+            from .data_loader import DataLoaderDispatcher
+            if any(isinstance(dl, DataLoaderDispatcher) for dl in self._dataloaders):
+                import warnings
+                warnings.warn("Overriding even_batches is only supported for map-style datasets, yet some "
+                              "dataloaders given were iterable", UserWarning, stacklevel=3)
+            for dl in self._dataloaders:
+                sampler = getattr(dl, "batch_sampler", None)
+                if not isinstance(dl, DataLoaderDispatcher) and hasattr(sampler, "even_batches"):
+                    saved.append((sampler, sampler.even_batches))
+                    sampler.even_batches = even_batches
+        else:
+            even_batches = self.even_batches
+        try:
+            with self.strategy.join(joinables, enable=not even_batches):
+                yield
+        finally:
+            for sampler, value in saved:
+                sampler.even_batches = value
 
     @contextlib.contextmanager
     def autocast(self, autocast_handler: Any = None) -> Iterator[None]:

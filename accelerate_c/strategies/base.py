@@ -65,6 +65,11 @@ class Strategy:
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
         yield
 
+    @contextlib.contextmanager
+    def join(self, joinables: list, enable: bool = True) -> Iterator[None]:
+        """Uneven inputs across ranks (Accelerator.join_uneven_inputs): nothing to do on one process."""
+        yield
+
     def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
         """Optionally zero the optimizer's gradients itself (e.g. in flat buffers); True if it did."""
         return False

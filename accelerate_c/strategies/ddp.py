@@ -29,18 +29,32 @@ class DataParallelModule(torch.nn.Module):
         self._grad_sync = sync
         self._buffer_sync = buffer_sync
         self._sync_buffers_next = True  # torch DDP's require_forward_param_sync
+        self._join: Optional[Any] = None  # the JoinProtocol while inside join_uneven_inputs
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self._buffer_sync is not None and self._sync_buffers_next:
-            buffers = [b for b in self.module.buffers()]  # again each time: a module may reassign a buffer
-            if buffers:
-                # in place, under no_grad, without bumping version counters (as torch DDP): a buffer saved
-                # for a pending backward (e.g. under no_sync accumulation) must not look modified
-                with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(tuple(buffers)):
-                    self._buffer_sync(buffers)
+        sync = torch.is_grad_enabled() and self._grad_sync.enabled
+        src = self._join.notify(self, sync) if self._join is not None else 0
+        self._sync_buffers(src)
         out = self.module(*args, **kwargs)
-        self._sync_buffers_next = torch.is_grad_enabled() and self._grad_sync.enabled
+        self._sync_buffers_next = sync
         return out
+
+    def _sync_buffers(self, src: int) -> None:
+        if self._buffer_sync is None or not self._sync_buffers_next:
+            return
+        buffers = [b for b in self.module.buffers()]  # again each time: a module may reassign a buffer
+        if buffers:
+            # in place, under no_grad, without bumping version counters (as torch DDP): a buffer saved for a pending
+            # backward (e.g. under no_sync accumulation) must not look modified
+            with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(tuple(buffers)):
+                self._buffer_sync(buffers, src)
+
+    def _shadow_forward(self, src: int, sync: bool) -> None:
+        """A rank out of inputs mirrors an active rank's forward (and backward when it syncs): ddp_join.py."""
+        self._sync_buffers(src)
+        self._sync_buffers_next = sync
+        if sync:
+            self._grad_sync.shadow()
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -122,6 +136,12 @@ class GradSync:
         """Before a backward: forget a pass that raised midway (its end-of-pass callback never ran)."""
         self._queued = False
 
+    def shadow(self) -> None:
+        """The collectives of a synced backward with zero gradients (a rank out of inputs, ddp_join.py)."""
+        for p in self.params:
+            p.grad = None
+        self.sync_now()
+
     @torch.no_grad()
     def sync_now(self) -> None:
         by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
@@ -189,9 +209,12 @@ class DataParallel(Strategy):
     def make_sync(self, params: list[torch.nn.Parameter]) -> GradSync:
         return GradSync(params, self.group, self.state.num_processes, compress=self.compress_dtype)
 
-    def broadcast(self, tensors: list[torch.Tensor]) -> None:
-        """Rank 0's `tensors` into every rank's, in place (coalesced)."""
-        broadcast_coalesced(tensors, lambda flat: dist.broadcast(flat, src=0, group=self.group))
+    def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:
+        """Rank `src`'s `tensors` into every rank's, in place (coalesced)."""
+        broadcast_coalesced(tensors, lambda flat: dist.broadcast(flat, src=src, group=self.group))
+
+    def all_reduce_sum(self, t: torch.Tensor) -> None:
+        dist.all_reduce(t, group=self.group)
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
         model = super().prepare_model(model, device_placement)
@@ -215,6 +238,35 @@ class DataParallel(Strategy):
         ctx = model.no_sync() if isinstance(model, DataParallelModule) else contextlib.nullcontext()
         with ctx:
             yield
+
+    @contextlib.contextmanager
+    def join(self, joinables: list, enable: bool = True) -> Iterator[None]:
+        """Uneven inputs (ddp_join.py): the prepared models among `joinables` take part; other objects (the prepared
+        optimizers) have no collectives of their own to mirror."""
+        models = [j for j in joinables if isinstance(j, DataParallelModule)]
+        if not enable:
+            yield
+            return
+        if not models:
+            raise ValueError("join_uneven_inputs: no model prepared for data parallelism among the joinables "
+                             f"({[type(j).__name__ for j in joinables]}); pass the model(s) prepare() returned")
+        from .ddp_join import JoinProtocol
+        join = JoinProtocol(self, models)
+        self.suspend_split_step()
+        for m in models:
+            m._join = join
+        try:
+            yield
+            for m in models:  # this rank is out of inputs: its forwards no longer announce themselves
+                m._join = None
+            join.finish(join.shadow())
+        finally:
+            for m in models:
+                m._join = None
+
+    def suspend_split_step(self) -> None:
+        """Optimizer steps stop depending on every rank stepping together (none here; the bucketed strategy's
+        host-split step is turned off)."""
 
     def close(self) -> None:
         for s in self._syncs:

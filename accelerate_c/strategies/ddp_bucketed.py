@@ -175,6 +175,13 @@ class BucketedGradSync:
         self.counter.reset()
         self.wait()
 
+    def shadow(self) -> None:
+        """The collectives of a synced backward with zero gradients (a rank out of inputs, ddp_join.py): every
+        bucket and the used mask, in the order the active ranks issue them."""
+        for p in self.params:
+            p.grad = None
+        self._end_of_backward()
+
     def reset_pass(self) -> None:
         """Before a backward: a pass that raised midway never ran its final callback; finish what it launched
         and start over."""
@@ -248,8 +255,8 @@ class TorchTransport:
         work = dist.all_reduce(t, group=self.group, async_op=True)
         return _SumThenDivide(work, t, self.size) if op == "avg" else work
 
-    def broadcast(self, t: torch.Tensor) -> None:
-        dist.broadcast(t, src=0, group=self.group)
+    def broadcast(self, t: torch.Tensor, src: int = 0) -> None:
+        dist.broadcast(t, src=src, group=self.group)
 
 
 class CommTransport:
@@ -267,8 +274,8 @@ class CommTransport:
     def all_reduce_async(self, t: torch.Tensor, op: str) -> Any:
         return self.group.all_reduce_async(t, op=op)
 
-    def broadcast(self, t: torch.Tensor) -> None:
-        self.group.broadcast(t, src=0)
+    def broadcast(self, t: torch.Tensor, src: int = 0) -> None:
+        self.group.broadcast(t, src=src)
 
 
 def make_transport(device: torch.device) -> Any:
@@ -336,15 +343,25 @@ class BucketedDataParallel(DataParallel):
         return optimizer
 
     def make_sync(self, params: list[torch.nn.Parameter]) -> BucketedGradSync:
-        if self.transport is None:
-            self.transport = make_transport(self.state.device)
+        self._transport()
         cap = 25.0 if self.kwargs is None else float(self.kwargs.bucket_cap_mb)
         return BucketedGradSync(params, self.transport, cap, compress=self.compress_dtype)
 
-    def broadcast(self, tensors: list[torch.Tensor]) -> None:
+    def _transport(self) -> Any:
         if self.transport is None:
             self.transport = make_transport(self.state.device)
-        broadcast_coalesced(tensors, self.transport.broadcast)
+        return self.transport
+
+    def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:
+        transport = self._transport()
+        broadcast_coalesced(tensors, lambda flat: transport.broadcast(flat, src))
+
+    def all_reduce_sum(self, t: torch.Tensor) -> None:
+        self._transport().all_reduce_async(t, "sum").wait()
+
+    def suspend_split_step(self) -> None:
+        for opt, shard in self._opt_shards:
+            shard.suspend(opt)
 
     def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
         params = [p for g in optimizer.param_groups for p in g["params"]]

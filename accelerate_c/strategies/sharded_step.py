@@ -222,6 +222,13 @@ class OptimizerShard:
             self.refresh(optimizer)
             self.shards.shm.barrier()
 
+    def suspend(self, optimizer: torch.optim.Optimizer) -> None:
+        """From now on every rank steps everything with its own state (collective: every rank calls it at the same
+        point, e.g. entering join_uneven_inputs, after which ranks step different numbers of times)."""
+        if not self.disabled:
+            self.before_unsharded_step(optimizer)
+            self.disabled = True
+
     def remove(self) -> None:
         self._hook.remove()
 

@@ -1,0 +1,41 @@
+# tests/test_join.py: Accelerator.join_uneven_inputs on CPU processes (HF runs it on GPUs only): ranks that train
+# different numbers of steps end with the weights and buffers of torch DDP's Join rules, computed without any
+# communication by tests/scripts/join_train.py --emulate (rank 0 finishing first included: buffers then come from
+# the highest active rank); gradient accumulation and the host-split optimizer step (suspended for the context)
+# on the shared-memory path, and the reference path. Also the single-process no-op.
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+
+@pytest.mark.parametrize("steps,ga,grad_sync", [
+    ("3,5", 1, "bucketed"),
+    ("6,2,4", 2, "bucketed"),   # rank 0 done first, rank 1 earlier still
+    ("4,6", 2, "reference"),
+])
+def test_uneven_inputs_join_like_torch_ddp(tmp_path, run, steps, ga, grad_sync):
+    args = ["--steps_per_rank", steps, "--grad_accum", str(ga)]
+    run("join_train.py", args + ["--emulate", "--out", str(tmp_path / "ref")], nproc=1)
+    nproc = len(steps.split(","))
+    run("join_train.py", args + ["--out", str(tmp_path / "got")], nproc=nproc, launcher="accelerate_c",
+        env={"ACCELERATE_C_GRAD_SYNC": grad_sync})
+    for r in range(nproc):
+        a, b = load_file(str(tmp_path / "ref" / f"state{r}.safetensors")), load_file(str(tmp_path / "got" / f"state{r}.safetensors"))
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.allclose(a[k].double(), b[k].double(), atol=1e-5, rtol=0), (r, k, (a[k] - b[k]).abs().max())
+        la = json.loads((tmp_path / "ref" / f"losses{r}.json").read_text())
+        lb = json.loads((tmp_path / "got" / f"losses{r}.json").read_text())
+        assert len(la) == len(lb) == int(steps.split(",")[r])
+        assert all(abs(x - y) <= 1e-5 * max(1.0, abs(x)) for x, y in zip(la, lb)), (r, la, lb)
+
+
+def test_single_process_join_is_a_no_op():
+    from accelerate_c import Accelerator
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(torch.nn.Linear(2, 2))
+    with acc.join_uneven_inputs([model], even_batches=False):
+        model(torch.ones(1, 2)).sum().backward()
+    assert model.weight.grad is not None
