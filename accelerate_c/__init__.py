@@ -21,10 +21,17 @@ def __getattr__(name: str):
     if name in ("synchronize_rng_states",):
         from .utils.random import synchronize_rng_states
         return synchronize_rng_states
+    if name == "find_executable_batch_size":
+        from .utils.memory import find_executable_batch_size
+        return find_executable_batch_size
+    if name in ("notebook_launcher", "debug_launcher"):
+        from . import launchers
+        return getattr(launchers, name)
     raise AttributeError(f"module 'accelerate_c' has no attribute {name!r}")
 
 
 __all__ = ["Accelerator", "AcceleratorState", "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
            "DistributedDataParallelKwargs", "DistributedType", "FP8RecipeKwargs", "GradScalerKwargs",
            "GradientAccumulationPlugin", "GradientState", "InitProcessGroupKwargs", "PartialState",
-           "ProfileKwargs", "ProjectConfiguration", "skip_first_batches", "synchronize_rng_states"]
+           "ProfileKwargs", "ProjectConfiguration", "debug_launcher", "find_executable_batch_size",
+           "notebook_launcher", "skip_first_batches", "synchronize_rng_states"]

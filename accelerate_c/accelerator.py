@@ -16,19 +16,22 @@ from . import _C
 from .checkpoint_api import CheckpointAPI
 from .optimizer import AcceleratedOptimizer
 from .precision import fused_optimizer_enabled, make_precision
+from .probes import AcceleratorProbes
 from .process_api import ProcessAPI
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState, _env_flag
 from .strategies import StrategyContext, select_strategy
 from .tracking_api import TrackingAPI
 from .utils.dataclasses import (DataLoaderConfiguration, GradientAccumulationPlugin, KwargsHandler,
-                                ProjectConfiguration)
+                                ProjectConfiguration, TorchDynamoPlugin)
+from .utils.memory import release_memory
+from .utils.other import compile_model, extract_model_from_parallel
 
 _MP_CODES = {"no": 0, "fp16": 1, "bf16": 2, "fp8": 3}
 _UNSET = object()
 
 
-class Accelerator(ProcessAPI, CheckpointAPI, TrackingAPI, _C.Accelerator):
+class Accelerator(AcceleratorProbes, ProcessAPI, CheckpointAPI, TrackingAPI, _C.Accelerator):
     """Drop-in replacement for `accelerate.Accelerator` (same arguments, same behaviour)."""
 
     def __init__(self, device_placement: bool = True, split_batches: Any = _UNSET,
@@ -71,8 +74,13 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackingAPI, _C.Accelerator):
         self.fp8_recipe_handler = self.handlers.get("FP8RecipeKwargs")
         self.profile_handler = self.handlers.get("ProfileKwargs")
 
+        if dynamo_plugin is not None and dynamo_backend is not None:
+            raise ValueError("You cannot pass in both `dynamo_plugin` and `dynamo_backend`, please only pass in one.")
+        if dynamo_backend is not None:
+            dynamo_plugin = TorchDynamoPlugin(backend=dynamo_backend)
         init_kwargs = self.init_handler.to_dict() if self.init_handler is not None else {}
-        self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, init_kwargs=init_kwargs)
+        self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, init_kwargs=init_kwargs,
+                                      dynamo_plugin=dynamo_plugin)
 
         if gradient_accumulation_plugin is not None:
             if gradient_accumulation_steps != 1:
@@ -100,7 +108,6 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackingAPI, _C.Accelerator):
         from .tracking import filter_trackers  # unknown / uninstalled trackers fail here, before training
         self.log_with = filter_trackers(log_with, self.logging_dir)
         self.trackers: list = []
-        self.dynamo_backend = dynamo_backend
 
         self._num_processes = self.state.num_processes
         self._process_index = self.state.process_index
@@ -251,8 +258,7 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackingAPI, _C.Accelerator):
         self._models.append(model)
         model = self.precision.prepare_model(model)
         model = self.strategy.prepare_model(model, device_placement, evaluation_mode)
-        if self.dynamo_backend not in (None, "no", "NO"):
-            model = torch.compile(model, backend=str(self.dynamo_backend).lower())
+        model = compile_model(model, self.state.dynamo_plugin)  # last, as HF: it compiles the wrapper
         self._models[-1] = model
         model._is_accelerate_prepared = True
         return model
@@ -321,7 +327,7 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackingAPI, _C.Accelerator):
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
-        with self.strategy.no_sync(model):
+        with self.strategy.no_sync(getattr(model, "_orig_mod", model)):  # a compiled model: its wrapper
             yield
 
     @staticmethod
@@ -381,16 +387,7 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackingAPI, _C.Accelerator):
     # -- models ----------------------------------------------------------------------------------------
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True,
                      keep_torch_compile: bool = True) -> torch.nn.Module:
-        if not keep_torch_compile and hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif hasattr(model, "_orig_mod"):
-            return model
-        model = self.strategy.unwrap_model(model)
-        if not keep_fp32_wrapper and getattr(model, "_accelerate_c_autocast", False):
-            model.forward = model._original_forward
-            del model._original_forward
-            model._accelerate_c_autocast = False
-        return model
+        return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict:
         return self.strategy.get_state_dict(getattr(model, "_orig_mod", model), unwrap=unwrap)
@@ -401,13 +398,10 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackingAPI, _C.Accelerator):
         self.strategy.close()
         self.state.destroy_process_group()
 
-    def free_memory(self, *objects: Any) -> Any:
+    def free_memory(self, *objects: Any) -> list:
         self._models, self._optimizers, self._schedulers, self._dataloaders = [], [], [], []
         self.step = 0
-        objects = [None] * len(objects)
-        import gc
-        gc.collect()
-        return objects
+        return release_memory(*objects)  # after dropping our references, so the collection can free them
 
     clear = free_memory
 

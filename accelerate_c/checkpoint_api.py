@@ -1,6 +1,6 @@
 # accelerate_c/checkpoint_api.py: the checkpoint half of the Accelerator API (save_state, load_state,
 # save_model, save, register_for_checkpointing, state hooks), as a mixin delegating to
-# accelerate_c.checkpointing, which owns the on-disk format and the atomic writes.
+# accelerate_c.checkpointing, which owns the on-disk format and the atomic writes (`save` is utils.other.save).
 # Not for: the format itself (checkpointing/).
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ class _RemovableHandle:
 
 class CheckpointAPI:
     _custom_objects: list
+    project_configuration: Any
     _save_model_state_pre_hook: dict
     _load_model_state_pre_hook: dict
 
@@ -37,8 +38,9 @@ class CheckpointAPI:
                           safe_serialization=safe_serialization)
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
-        from .checkpointing import save
-        return save(self, obj, f, safe_serialization=safe_serialization)
+        from .utils.other import save
+        save(obj, f, save_on_each_node=self.project_configuration.save_on_each_node,
+             safe_serialization=safe_serialization)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         invalid = [o for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))]

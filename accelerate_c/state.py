@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.distributed as dist
 
+from .probes import StateProbes
 from .utils.dataclasses import DistributedType, GradientAccumulationPlugin
 
 _RESET_TEXT = (
@@ -216,13 +217,15 @@ class PartialState:
         raise AttributeError(f"'PartialState' object has no attribute '{name}'")
 
 
-class AcceleratorState:
-    """PartialState plus the mixed-precision mode; shared by every instance."""
+class AcceleratorState(StateProbes):
+    """PartialState plus the mixed-precision mode and the plugins (probes.py); shared by every instance."""
 
     _shared_state: dict[str, Any] = {}
-    _known_attrs = PartialState._known_attrs + ["mixed_precision", "_mixed_precision"]
+    _known_attrs = PartialState._known_attrs + ["mixed_precision", "_mixed_precision", "deepspeed_plugin",
+                                                "fsdp_plugin", "megatron_lm_plugin", "dynamo_plugin"]
 
-    def __init__(self, mixed_precision: Optional[str] = None, cpu: bool = False, **kwargs: Any) -> None:
+    def __init__(self, mixed_precision: Optional[str] = None, cpu: bool = False, dynamo_plugin: Any = None,
+                 **kwargs: Any) -> None:
         self.__dict__ = self._shared_state
         if PartialState._shared_state == {}:
             PartialState(cpu, **kwargs)
@@ -235,6 +238,7 @@ class AcceleratorState:
             mp = str(mp).lower()
             if mp not in ("no", "fp16", "bf16", "fp8"):
                 raise ValueError(f"Unknown mixed_precision mode: {mp!r}. Choose between no, fp16, bf16, fp8.")
+            self._init_plugins(dynamo_plugin)
             self._mixed_precision = mp
 
     @property

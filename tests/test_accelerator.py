@@ -193,3 +193,80 @@ def test_strategy_registry_does_not_depend_on_import_order():
     proc = subprocess.run([sys.executable, "-c", code], env=clean_env(), cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and proc.stdout.split() == ["single"], proc.stdout + proc.stderr
+
+
+# -- feature probes: what HF 1.15 answers when DeepSpeed/FSDP/Megatron/parallelism/fp8 are not in use ------------
+_STATE_PROBES = ["deepspeed_plugin", "deepspeed_plugins", "parallelism_config", "device_mesh", "is_fsdp2",
+                 "torch_tp_plugin"]
+_ACC_PROBES = ["deepspeed_plugin", "parallelism_config", "torch_device_mesh", "is_fsdp2",
+               "is_composable_parallelism_enabled", "fp8_enabled", "should_save_model", "tensor_parallel_rank",
+               "data_parallel_rank", "data_parallel_shard_rank", "pipeline_parallel_rank", "context_parallel_rank"]
+
+
+def _answer(get):
+    try:
+        value = get()
+    except Exception as e:  # noqa: BLE001 - HF's error is part of the answer
+        return ("raises", type(e).__name__, str(e))
+    return ("value", getattr(value, "value", value))
+
+
+def _probes(mod_name, **kwargs):
+    mod = importlib.import_module(mod_name)
+    acc = mod.Accelerator(cpu=True, **kwargs)
+    st = mod.state.AcceleratorState()
+    got = {f"state.{n}": _answer(lambda n=n: getattr(st, n)) for n in _STATE_PROBES}
+    got.update({f"acc.{n}": _answer(lambda n=n: getattr(acc, n)) for n in _ACC_PROBES})
+    got["state.get_deepspeed_plugin"] = _answer(lambda: st.get_deepspeed_plugin("default"))
+    got["acc.fp8_backend"] = _answer(lambda: acc.fp8_backend)
+    got["state.dynamo_plugin"] = _answer(lambda: st.dynamo_plugin.to_dict())
+    # HF leaves these unset (AttributeError); ours are None: the same for getattr(state, name, None) checks
+    got["unset_plugins"] = [getattr(st, n, None) for n in ("fsdp_plugin", "megatron_lm_plugin")]
+    _reset(mod_name)
+    return got
+
+
+def test_probes_match_hf():
+    ours, hf = _probes("accelerate_c"), _probes("accelerate")
+    assert ours == hf
+    assert ours["acc.deepspeed_plugin"] == ("value", None) and ours["acc.is_fsdp2"] == ("value", False)
+    assert ours["acc.tensor_parallel_rank"][:2] == ("raises", "RuntimeError")
+    assert ours["acc.fp8_backend"] == ("value", "NO")
+
+
+def test_probes_with_dynamo_backend_match_hf():
+    assert _probes("accelerate_c", dynamo_backend="eager") == _probes("accelerate", dynamo_backend="eager")
+
+
+def test_unset_plugins_are_none_and_sharded_engines_still_refused():
+    import accelerate_c
+    acc = accelerate_c.Accelerator(cpu=True)
+    assert acc.state.fsdp_plugin is None and acc.state.megatron_lm_plugin is None
+    _reset("accelerate_c")
+    for kwarg in ("fsdp_plugin", "deepspeed_plugin", "megatron_lm_plugin", "parallelism_config"):
+        with pytest.raises(NotImplementedError, match="not supported yet"):
+            accelerate_c.Accelerator(cpu=True, **{kwarg: object()})
+        _reset("accelerate_c")
+
+
+def test_fp8_probes(monkeypatch):
+    import accelerate_c
+    from accelerate_c.utils.dataclasses import FP8BackendType
+    acc = accelerate_c.Accelerator(cpu=True, mixed_precision="fp8")
+    assert acc.fp8_enabled and acc.fp8_backend == FP8BackendType.NO and not acc.has_fp8_handler
+    monkeypatch.setenv("ACCELERATE_FP8_BACKEND", "te")
+    assert acc.fp8_backend == FP8BackendType.TE
+    monkeypatch.setenv("ACCELERATE_FP8_BACKEND", "bogus")
+    with pytest.raises(ValueError, match="unknown fp8 backend 'bogus'"):
+        acc.fp8_backend
+
+
+def test_free_memory_releases_prepared_objects():
+    import weakref
+    import accelerate_c
+    acc = accelerate_c.Accelerator(cpu=True)
+    model = acc.prepare(torch.nn.Linear(2, 2))
+    ref = weakref.ref(model)
+    assert acc.free_memory(model) == [None] and acc._models == [] and acc.step == 0
+    del model
+    assert ref() is None

@@ -1,11 +1,11 @@
-# accelerate_c/checkpointing: save_state/load_state/save_model/save for single-process and data-parallel
+# accelerate_c/checkpointing: save_state/load_state/save_model for single-process and data-parallel
 # runs. Format: JSON (structure, metadata) + safetensors (tensor bytes), never pickle; atomic publication.
 # The Accelerator's methods call these module functions with itself as the first argument.
 from .format import CheckpointError, FORMAT_VERSION, decode, encode, read_state, write_state
-from .model import parse_size, save, save_model
+from .model import parse_size, save_model
 from .state import (CHECKPOINT_FILE, DataPosition, latest_checkpoint, list_checkpoints, load_state,
                     read_checkpoint_info, read_data_position, save_state)
 
 __all__ = ["CheckpointError", "FORMAT_VERSION", "decode", "encode", "read_state", "write_state", "parse_size",
-           "save", "save_model", "CHECKPOINT_FILE", "DataPosition", "latest_checkpoint", "list_checkpoints",
+           "save_model", "CHECKPOINT_FILE", "DataPosition", "latest_checkpoint", "list_checkpoints",
            "load_state", "read_checkpoint_info", "read_data_position", "save_state"]

@@ -1,5 +1,5 @@
-# accelerate_c/checkpointing/model.py: exporting model weights (`Accelerator.save_model`, `Accelerator.save`)
-# and the model files inside save_state checkpoints.
+# accelerate_c/checkpointing/model.py: exporting model weights (`Accelerator.save_model`), the model files inside
+# save_state checkpoints, and the safetensors clean-up `utils.other.save` (HF's `save`) uses.
 #
 # HF-compatible names: `model.safetensors`, or shards `model-00001-of-0000N.safetensors` plus
 # `model.safetensors.index.json` ({"metadata": {"total_size": bytes}, "weight_map": {name: file}}).
@@ -166,21 +166,6 @@ def _replace_file(write, final: str) -> None:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-
-
-def save(accelerator: Any, obj: Any, f: PathLike, safe_serialization: bool = False) -> None:
-    """`Accelerator.save`: main process (local main with save_on_each_node) writes obj to f.
-
-    safe_serialization=True: obj must be a dict of tensors, written as safetensors (tied tensors once).
-    safe_serialization=False: torch.save (pickle), exactly as HF does when the user asks for it."""
-    if not _is_writer(accelerator):
-        return
-    if safe_serialization:
-        if not isinstance(obj, dict):
-            raise TypeError("save(..., safe_serialization=True) needs a dict of tensors")
-        write_tensors(f, clean_state_dict_for_safetensors(obj), metadata={"format": "pt"})
-    else:
-        torch.save(obj, f)
 
 
 def save_model(accelerator: Any, model: torch.nn.Module, save_directory: PathLike,

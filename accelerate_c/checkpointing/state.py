@@ -273,8 +273,9 @@ def load_state(accelerator: Any, input_dir: Optional[str] = None, load_kwargs: O
     for i, model in enumerate(models):
         fname = meta["models"][i]
         sd = load_model_file(os.path.join(input_dir, fname), expected_size=sizes.get(fname))
-        target = accelerator.unwrap_model(model)
-        target = getattr(target, "_orig_mod", target)   # torch.compile wrapper: its keys carry a prefix
+        # keep_torch_compile=False: the user's module itself (the compiled wrapper's keys carry a prefix, and
+        # unwrapping with keep_torch_compile=True re-points the wrapper's _orig_mod, as HF does)
+        target = accelerator.unwrap_model(model, keep_torch_compile=False)
         target.load_state_dict(fill_tied(target, sd), **load_model_func_kwargs)
 
     def need(kind: str, objs: list, names: list) -> None:

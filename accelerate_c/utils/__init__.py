@@ -1,13 +1,17 @@
 # accelerate_c/utils: HF Accelerate's `accelerate.utils` names: dataclasses, kwargs handlers, operations,
-# RNG helpers. Submodules are imported lazily by name so `import accelerate_c` stays fast.
+# RNG helpers, memory helpers, model unwrapping/compiling, save/load, environment context managers, tqdm.
+# Submodules that import torch are imported lazily by name so `import accelerate_c.utils` stays fast.
 # Not for: anything with behaviour of its own beyond re-exporting.
-from .dataclasses import (BaseEnum, DataLoaderConfiguration, DistributedType, DynamoBackend, GradientAccumulationPlugin,
-                          KwargsHandler, LoggerType, PrecisionType, ProjectConfiguration, RNGType, TorchDynamoPlugin)
+from .dataclasses import (BaseEnum, DataLoaderConfiguration, DistributedType, DynamoBackend, FP8BackendType,
+                          GradientAccumulationPlugin, KwargsHandler, LoggerType, PrecisionType, ProjectConfiguration,
+                          RNGType, TorchDynamoPlugin)
+from .environment import are_libraries_initialized, clear_environment, patch_environment
 from .imports import *  # noqa: F401,F403 - the is_*_available probes (cheap: nothing optional is imported)
 from .imports import compare_versions, is_torch_version, str_to_bool
 from .kwargs_handlers import (AutocastKwargs, DDPCommunicationHookType, DistributedDataParallelKwargs,
                               FP8RecipeKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
                               TERecipeKwargs)
+from .tqdm import tqdm  # eager (cheap: tqdm itself loads on first call) so the name is the function, not the module
 
 # operations / random import torch: resolved on first use (PEP 562) so `import accelerate_c.utils` stays light.
 _LAZY = {
@@ -17,6 +21,9 @@ _LAZY = {
                    "initialize_tensors", "is_namedtuple", "is_tensor_information", "is_torch_tensor", "listify",
                    "pad_across_processes", "recursively_apply", "reduce", "send_to_device", "slice_tensors"),
     "random": ("set_seed", "synchronize_rng_state", "synchronize_rng_states"),
+    "memory": ("clear_device_cache", "find_executable_batch_size", "release_memory", "should_reduce_batch_size"),
+    "other": ("compile_regions", "extract_model_from_parallel", "has_compiled_regions", "has_repeated_blocks",
+              "is_compiled_module", "is_repeated_blocks", "load", "save"),
     "accelerate_c.commands.config": ("write_basic_config",),
 }
 _LAZY_NAMES = {name: mod for mod, names in _LAZY.items() for name in names}

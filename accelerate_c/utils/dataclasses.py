@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -111,6 +112,16 @@ class DynamoBackend(str, BaseEnum):
     NEURON = "NEURON"
 
 
+class FP8BackendType(str, enum.Enum):
+    """Which fp8 implementation HF would use (`Accelerator.fp8_backend`). accelerate_c's own fp8 path is
+    none of TE/MSAMP/AO: it reports the backend named in FP8RecipeKwargs or ACCELERATE_FP8_BACKEND, else NO."""
+
+    NO = "NO"
+    TE = "TE"
+    MSAMP = "MSAMP"
+    AO = "AO"
+
+
 class SaveMode(str, enum.Enum):  # kept for callers that compare against it
     DEFAULT = "default"
 
@@ -171,13 +182,45 @@ class GradientAccumulationPlugin(KwargsHandler):
 
 @dataclass
 class TorchDynamoPlugin(KwargsHandler):
-    """Accepted for API compatibility; torch.compile is applied when backend is not 'no'."""
+    """torch.compile options for prepared models. Fields left as None are read from HF's environment variables
+    (ACCELERATE_DYNAMO_BACKEND | MODE | USE_FULLGRAPH | USE_DYNAMIC | USE_REGIONAL_COMPILATION), then default to
+    backend "no" (no compilation), mode "default", fullgraph False, dynamic None, regional compilation off."""
 
-    backend: Optional[str] = None
+    backend: Any = None
     mode: Optional[str] = None
-    fullgraph: bool = False
+    fullgraph: Optional[bool] = None
     dynamic: Optional[bool] = None
     options: Any = None
     disable: bool = False
-    use_regional_compilation: bool = False
-    extra: dict = field(default_factory=dict)
+    use_regional_compilation: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        from .imports import str_to_bool
+
+        env = os.environ.get
+        backend = self.backend if self.backend is not None else env("ACCELERATE_DYNAMO_BACKEND", "no")
+        try:
+            self.backend = DynamoBackend(str(backend.value if isinstance(backend, enum.Enum) else backend).upper())
+        except ValueError:
+            raise ValueError(f"TorchDynamoPlugin: unknown dynamo backend {backend!r}; allowed (any case): "
+                             f"{', '.join(b.value.lower() for b in DynamoBackend)}") from None
+        if self.mode is None:
+            self.mode = env("ACCELERATE_DYNAMO_MODE", "default")
+        if self.fullgraph is None:
+            self.fullgraph = str_to_bool(env("ACCELERATE_DYNAMO_USE_FULLGRAPH", "False")) == 1
+        if self.use_regional_compilation is None:
+            self.use_regional_compilation = str_to_bool(env("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "False")) == 1
+        if self.dynamic is None and env("ACCELERATE_DYNAMO_USE_DYNAMIC") is not None:
+            self.dynamic = str_to_bool(env("ACCELERATE_DYNAMO_USE_DYNAMIC")) == 1
+
+    def to_dict(self) -> dict[str, Any]:
+        d = copy.deepcopy(self.__dict__)
+        d["backend"] = d["backend"].value.lower()
+        return d
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """torch.compile keyword arguments: the fields that differ from the defaults an empty environment
+        gives (HF compares against a plugin built under `clear_environment()`; same result, no env juggling)."""
+        defaults = {"backend": "no", "mode": "default", "fullgraph": False, "dynamic": None, "options": None,
+                    "disable": False}
+        return {k: v for k, v in self.to_dict().items() if k in defaults and defaults[k] != v}

@@ -1,0 +1,133 @@
+# accelerate_c/probes.py: the feature probes HF scripts read on AcceleratorState and Accelerator (DeepSpeed,
+# FSDP, Megatron-LM, the parallelism config and device mesh, fp8 backend, the *_parallel_rank properties), as
+# two mixins. They answer what HF 1.15 answers when the feature is not in use (None / False / HF's errors), which
+# is always the case today: the constructors refuse those features (Accelerator.__init__).
+# Not for: the features themselves (the sharded engine and tensor/pipeline parallelism will own their state).
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from .utils.dataclasses import DistributedType, FP8BackendType, TorchDynamoPlugin
+
+_NO_DEEPSPEED = ("DeepSpeed is not enabled, please make sure that an `Accelerator` is configured for `deepspeed` "
+                 "before calling this function.")
+
+
+class StateProbes:
+    """AcceleratorState's plugin attributes and probes."""
+
+    distributed_type: Any
+    _PLUGINS = ("deepspeed_plugins", "torch_tp_plugin", "parallelism_config", "device_mesh", "fsdp_plugin",
+                "megatron_lm_plugin")
+
+    def _init_plugins(self, dynamo_plugin: Optional[TorchDynamoPlugin]) -> None:
+        # HF leaves fsdp_plugin / megatron_lm_plugin unset (AttributeError) when unused; None answers the
+        # same `getattr(state, "fsdp_plugin", None)` checks without raising on plain attribute access.
+        for name in self._PLUGINS:
+            setattr(self, name, None)
+        self.dynamo_plugin = dynamo_plugin if dynamo_plugin is not None else TorchDynamoPlugin()
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The active DeepSpeedPlugin; None when DeepSpeed is not used."""
+        if self.distributed_type != DistributedType.DEEPSPEED:
+            return None
+        plugins = self.deepspeed_plugins
+        if not isinstance(plugins, dict):
+            return plugins
+        return next(p for p in plugins.values() if p.selected)
+
+    @property
+    def is_fsdp2(self) -> bool:
+        return self.distributed_type == DistributedType.FSDP and self.fsdp_plugin.fsdp_version == 2
+
+    def _require_deepspeed(self) -> None:
+        if self.distributed_type != DistributedType.DEEPSPEED:
+            raise ValueError(_NO_DEEPSPEED)
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        self._require_deepspeed()
+        return self.deepspeed_plugins[name]
+
+    def select_deepspeed_plugin(self, name: Optional[str] = None) -> None:
+        self._require_deepspeed()
+        raise NotImplementedError("accelerate_c: DeepSpeed is not supported yet")
+
+
+class AcceleratorProbes:
+    """Accelerator properties that mirror the state's probes plus fp8 and the parallel ranks."""
+
+    state: Any
+    fp8_recipe_handler: Any
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        return self.state.deepspeed_plugin
+
+    @property
+    def parallelism_config(self) -> Any:
+        return self.state.parallelism_config
+
+    @property
+    def torch_device_mesh(self) -> Any:
+        return self.state.device_mesh
+
+    @property
+    def is_fsdp2(self) -> bool:
+        return self.state.is_fsdp2
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        return self.is_fsdp2
+
+    @property
+    def fp8_enabled(self) -> bool:
+        return self.state.mixed_precision == "fp8"
+
+    @property
+    def has_fp8_handler(self) -> bool:
+        return self.fp8_recipe_handler is not None
+
+    @property
+    def fp8_backend(self) -> FP8BackendType:
+        """The backend named by FP8RecipeKwargs(backend=...), else ACCELERATE_FP8_BACKEND, else NO (accelerate_c's
+        own fp8 path is none of HF's TE/MSAMP/AO)."""
+        backend = getattr(self.fp8_recipe_handler, "backend", None) or os.environ.get("ACCELERATE_FP8_BACKEND", "NO")
+        try:
+            return FP8BackendType(str(getattr(backend, "value", backend)).upper())
+        except ValueError:
+            raise ValueError(f"unknown fp8 backend {backend!r}; allowed: {[b.value for b in FP8BackendType]}") from None
+
+    @property
+    def should_save_model(self) -> bool:
+        # HF: the local main process when no parallelism config is set (always here).
+        if self.parallelism_config is None:
+            return self.state.is_local_main_process
+        return True
+
+    def _parallel_rank(self, dim: str, what: str) -> int:
+        pc = self.parallelism_config
+        if not pc:
+            raise RuntimeError(f"{what} is not configured. Set `parallelism_config` first.")
+        return self.torch_device_mesh.get_local_rank(dim) if getattr(pc, f"{dim}_enabled") else 0
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        return self._parallel_rank("tp", "Tensor parallelism")
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self._parallel_rank("dp_replicate", "Data parallelism")
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        return self._parallel_rank("dp_shard", "Shard-based data parallelism")
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        raise NotImplementedError("Pipeline parallelism is currently not supported in Accelerate.")
+
+    @property
+    def context_parallel_rank(self) -> int:
+        raise NotImplementedError("Context parallelism is currently not supported in Accelerate.")
