@@ -54,9 +54,6 @@ class Strategy:
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         return optimizer
 
-    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        return getattr(model, "module", model) if getattr(model, "_accelerate_c_wrapper", False) else model
-
     # -- the step --------------------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         loss.backward(**kwargs)
@@ -87,7 +84,8 @@ class Strategy:
 
     # -- state -----------------------------------------------------------------------------------------
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        return (self.unwrap_model(model) if unwrap else model).state_dict()
+        from ..utils.other import extract_model_from_parallel
+        return (extract_model_from_parallel(model) if unwrap else model).state_dict()
 
     def close(self) -> None:
         """Release communication resources (end_training)."""
