@@ -451,3 +451,112 @@ def test_region_larger_than_dev_shm_is_a_clear_error():
     assert float(g.all_reduce(b).sum()) == 3000.0
     g.close()
     assert not {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("accc-")}
+
+
+# ---- out-of-place all_reduce (all_reduce_into), the transport of accelerator.reduce -------------------------
+
+def _hf_style(x, op, ws):
+    """What HF's reduce computes with gloo: a clone, all_reduce (SUM / MAX / MIN), then `/= ws` for sum_div."""
+    import torch.distributed as dist
+    y = x.clone()
+    dist.all_reduce(y, op={"sum": dist.ReduceOp.SUM, "sum_div": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                           "min": dist.ReduceOp.MIN}[op])
+    if op == "sum_div":
+        y /= ws
+    return y
+
+
+def _bits(t):
+    return t.contiguous().view(torch.uint8) if t.numel() else t.new_empty(0).view(torch.uint8)
+
+
+def _w_reduce_into(rank, ws):
+    from accelerate_c.comm import ShmGroup
+    g = ShmGroup(timeout=20, small_bytes=SMALL, chunk_bytes=CHUNK)
+    gen = torch.Generator().manual_seed(4321 + rank)
+    checked = 0
+    for dtype in DTYPES:
+        esz = torch.empty((), dtype=dtype).element_size()
+        # around the small-buffer limit, one chunk, and several chunks with a short last one
+        sizes = [0, 1, 7, SMALL // esz - 1, SMALL // esz, SMALL // esz + 1, CHUNK // esz - 1, CHUNK // esz,
+                 CHUNK // esz + 1, 3 * CHUNK // esz + 5]
+        for n in sizes:
+            for op in ("sum", "sum_div", "avg", "max", "min"):
+                if op in ("avg", "sum_div") and not dtype.is_floating_point:
+                    continue
+                x = (torch.randn(n, generator=gen) * 50).to(dtype)
+                keep = x.clone()
+                out = torch.full((n,), 7, dtype=dtype)
+                assert g.all_reduce_into(out, x, op) is out
+                assert torch.equal(_bits(x), _bits(keep)), ("input changed", dtype, n, op)
+                if ws == 2 and op != "avg":  # two ranks: one addition (and one division): HF's exact bits
+                    ref = _hf_style(x, op, ws)
+                    assert torch.equal(_bits(out), _bits(ref)), (dtype, n, op, (out.double() - ref.double()).abs().max())
+                else:  # more ranks: gloo rounds half-precision sums per addition, we round once
+                    ref = _ref_all_reduce(x, "sum" if op == "sum_div" else op, ws)
+                    assert _close(out, ref / ws if op == "sum_div" else ref, dtype), (dtype, n, op)
+                assert _same_everywhere(out), (dtype, n, op)
+                checked += 1
+    # every SIMD level gives the same bits for sum_div (one-pass 2-source kernel and the block kernel)
+    level = _C.simd_level()
+    x = torch.randn(3000, generator=gen) * 50
+    results = {}
+    for lvl in ("scalar", "avx2", "avx512"):
+        try:
+            _C.simd_level(lvl)
+        except ValueError:
+            continue
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            out = torch.empty(3000, dtype=dtype)
+            results.setdefault(dtype, []).append(g.all_reduce_into(out, x.to(dtype), "sum_div"))
+    _C.simd_level(level)
+    for dtype, rs in results.items():
+        assert all(torch.equal(rs[0], r) for r in rs), dtype
+    # sum_div rounds the sum first, as HF's `/=` after the all-reduce: an fp16 sum that overflows stays inf
+    h = torch.full((3,), 40000.0, dtype=torch.float16)
+    out = torch.empty_like(h)
+    g.all_reduce_into(out, h, "sum_div")
+    assert bool(out.isinf().all()) and torch.equal(out, _hf_style(h, "sum_div", ws)), out
+    # 0-d tensors, and inputs living in a registered region (zero-copy path: the parts are only read)
+    x = torch.tensor(float(rank) + 0.5)
+    out = torch.empty(())
+    g.all_reduce_into(out, x, "sum_div")
+    assert out.shape == () and torch.equal(out, _hf_style(x, "sum_div", ws))
+    buf = g.alloc(9000)
+    base = torch.randn(9000, generator=gen)
+    buf.copy_(base)
+    g.barrier()  # every rank filled its part
+    peers_before = [p.clone() for p in g.parts(buf)]
+    out = torch.empty(9000)
+    g.all_reduce_into(out, buf, "sum")
+    assert torch.equal(buf, base) and all(torch.equal(a, b) for a, b in zip(g.parts(buf), peers_before))
+    assert torch.allclose(out, _ref_all_reduce(base, "sum", ws), rtol=1e-6, atol=1e-5) and _same_everywhere(out)
+    # in place through the same call (output is input), and bad arguments are clear errors on every rank
+    y = torch.randn(5000, generator=gen)
+    ref = _hf_style(y, "max", ws)
+    g.all_reduce_into(y, y, "max")
+    assert torch.equal(y, ref)
+    errors = []
+    for bad in (lambda: g.all_reduce_into(torch.empty(10), torch.empty(11)),
+                lambda: g.all_reduce_into(torch.empty(10, dtype=torch.float64), torch.empty(10)),
+                lambda: (lambda z: g.all_reduce_into(z[1:11], z[:10]))(torch.empty(20)),
+                lambda: g.all_reduce_into(torch.empty(10, dtype=torch.int32), torch.ones(10, dtype=torch.int32),
+                                          "sum_div")):
+        try:
+            bad()
+            errors.append(None)
+        except (ValueError, TypeError) as e:
+            errors.append(str(e))
+    assert errors[0] and "11 elements" in errors[0] and "output 10" in errors[0], errors
+    assert errors[1] and "dtype" in errors[1], errors
+    assert errors[2] and "overlaps" in errors[2], errors
+    assert errors[3] and "not supported" in errors[3], errors
+    g.barrier()  # the group is still in step after argument errors (they are raised before any arrival)
+    g.close()
+    return checked
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_all_reduce_into_matches_gloo_and_leaves_input(ws):
+    res = run(_w_reduce_into, ws)
+    assert all(v > 200 for v in res.values()), res
