@@ -560,3 +560,58 @@ def _w_reduce_into(rank, ws):
 def test_all_reduce_into_matches_gloo_and_leaves_input(ws):
     res = run(_w_reduce_into, ws)
     assert all(v > 200 for v in res.values()), res
+
+
+def test_output_cache_blocks(monkeypatch):
+    """comm.outbuf: results of >= 1 MiB reuse the block of a dropped result (never one still referenced, even
+    through a view), are ordinary non-view tensors whose storage cannot grow, and at most the limit of free
+    blocks is kept; below 1 MiB or with the cache off they are plain torch.empty tensors."""
+    import gc
+
+    from accelerate_c.comm import outbuf
+    monkeypatch.setattr(outbuf, "_free", {})
+    monkeypatch.setattr(outbuf, "_limit", 8 << 20)
+    small = outbuf.empty((100, 10), torch.float32)
+    assert small.shape == (100, 10) and small.untyped_storage().resizable()
+    a = outbuf.empty((512, 1024), torch.float32)  # 2 MiB
+    assert a.shape == (512, 1024) and a.dtype == torch.float32 and a.is_contiguous() and a._base is None
+    a.fill_(1.5)
+    b = outbuf.empty((512, 1024), torch.float32)
+    assert b.data_ptr() != a.data_ptr()
+    b.fill_(2.5)
+    assert bool((a == 1.5).all())
+    with pytest.raises(RuntimeError, match="not resizable"):
+        a.resize_(1024, 1024)
+    pa = a.data_ptr()
+    del a
+    gc.collect()
+    assert outbuf.held_bytes() >= 2 << 20
+    c = outbuf.empty((1 << 19,), torch.float32)  # the same bytes in another shape: a's block
+    assert c.data_ptr() == pa and c.shape == (1 << 19,)
+    keep = c[3:7]
+    del c
+    d = outbuf.empty((1 << 19,), torch.float32)  # c's block is still referenced by `keep`
+    assert d.data_ptr() not in (pa, b.data_ptr())
+    d.fill_(9)
+    keep.fill_(4)
+    assert bool((d == 9).all())
+    e = outbuf.empty_like(torch.empty(3 << 18, dtype=torch.bfloat16))  # 1.5 MiB: from the cache
+    assert e.dtype == torch.bfloat16 and e.shape == (3 << 18,) and not e.untyped_storage().resizable()
+    del b, d, e, keep
+    blocks = [outbuf.empty((1 << 20,), torch.float64) for _ in range(4)]  # 4 x 8 MiB
+    del blocks
+    gc.collect()
+    assert 0 < outbuf.held_bytes() <= 8 << 20  # the limit holds: older blocks were let go
+    monkeypatch.setattr(outbuf, "_limit", 0)
+    off = outbuf.empty((1 << 20,), torch.float32)
+    assert off.untyped_storage().resizable()  # cache off: plain torch.empty
+
+
+def test_output_cache_limit_env_is_checked(monkeypatch):
+    from accelerate_c.comm import outbuf
+    monkeypatch.setattr(outbuf, "_limit", None)
+    monkeypatch.setenv("ACCELERATE_C_OUTPUT_CACHE_MB", "lots")
+    with pytest.raises(ValueError, match="ACCELERATE_C_OUTPUT_CACHE_MB='lots'"):
+        outbuf.limit_bytes()
+    monkeypatch.setenv("ACCELERATE_C_OUTPUT_CACHE_MB", "16")
+    assert outbuf.limit_bytes() == 16 << 20
