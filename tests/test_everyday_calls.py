@@ -187,7 +187,8 @@ def _state(rank, ws, local_ranks=None):
     hosts = local_ranks.count(0) if local_ranks else 1
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(ws), LOCAL_RANK=str(local_ranks[rank] if local_ranks else rank),
                       LOCAL_WORLD_SIZE=str(ws // hosts))
-    from accelerate_c.state import PartialState
+    from accelerate_c.state import AcceleratorState, PartialState
+    AcceleratorState._reset_state(reset_partial_state=True)  # the forked rank may inherit the parent's state
     return PartialState()
 
 

@@ -1,9 +1,9 @@
 # accelerate_c/utils/operations.py: HF Accelerate's tensor/collective helpers under its names and semantics
 # (gather, gather_object, broadcast, broadcast_object_list, reduce, pad_across_processes, send_to_device, ...).
 # Every collective goes through ONE private function per op (_all_gather_into, _all_reduce_into, _broadcast_,
-# _all_gather_objects, _broadcast_objects_), which picks the transport: accelerate_c.comm (C shared memory)
-# for CPU tensors, torch.distributed otherwise. gather/reduce of a bare tensor skip the structure walk: they
-# are everyday calls (a metric per step) whose Python overhead is the cost.
+# _all_gather_objects, _broadcast_objects_), implemented in accelerate_c.comm.transport, which picks C shared
+# memory for CPU tensors and torch.distributed otherwise. gather/reduce of a bare tensor skip the structure
+# walk: they are everyday calls (a metric per step) whose Python overhead is the cost.
 # Not for: process-group setup (state.py) or RNG helpers (utils/random.py).
 from __future__ import annotations
 
@@ -59,84 +59,37 @@ def _distributed() -> bool:
     return _shared()["distributed_type"] not in (DistributedType.NO, DistributedType.XLA) and dist.is_initialized()
 
 
-# ---- the transport: one function per collective ----------------------------------------------------------
-_COMM_REDUCE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)
-_get_group: Any = None
-_TorchGroup: Any = None
-_outbuf: Any = None
+# ---- the transport: one function per collective (accelerate_c.comm.transport; loaded on first use, so that
+# `import accelerate_c.utils.operations` does not load the comm package)
+_transport: Any = None
 
 
-def _comm(tensor: torch.Tensor) -> Any:
-    """The accelerate_c.comm group (shared memory within a host) for CPU tensors, else None: plain
-    torch.distributed, as HF (non-CPU tensors, or ACCELERATE_C_COMM=torch, under which get_group() is a
-    TorchGroup)."""
-    global _get_group, _TorchGroup, _outbuf
-    if not tensor.is_cpu:
-        return None
-    if _get_group is None:
-        from ..comm import TorchGroup, get_group, outbuf
-        _get_group, _TorchGroup, _outbuf = get_group, TorchGroup, outbuf
-    group = _get_group()
-    return None if type(group) is _TorchGroup else group
+def _t() -> Any:
+    global _transport
+    if _transport is None:
+        from ..comm import transport
+        _transport = transport
+    return _transport
 
 
 def _all_gather_into(tensor: torch.Tensor) -> torch.Tensor:
-    """Concatenate the (contiguous, same-shaped, at least 1-d) `tensor` of every rank along dim 0, rank order."""
-    group = _comm(tensor)
-    if group is not None:
-        shape = tensor.shape
-        return group.all_gather(_outbuf.empty((group.size * shape[0], *shape[1:]), tensor.dtype), tensor)
-    world = dist.get_world_size()
-    if dist.get_backend() != "gloo":
-        out = torch.empty(world * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-        dist.all_gather_into_tensor(out, tensor)
-        return out.view(-1, *tensor.shape[1:])
-    parts = [torch.empty_like(tensor) for _ in range(world)]
-    dist.all_gather(parts, tensor)
-    return torch.cat(parts, dim=0)
+    return _t().all_gather_into(tensor)
 
 
 def _all_reduce_into(tensor: torch.Tensor, reduction: str) -> torch.Tensor:
-    """A new tensor holding the reduction of every rank's `tensor` (untouched), computed as HF does: a clone,
-    all_reduce MAX ("max") or SUM (anything else), then `/= num_processes` for "mean". For contiguous CPU
-    tensors of the C dtypes (not requiring grad) the shm transport reads `tensor` and writes the new tensor
-    directly, the mean's division fused in (same rounding: sum rounded to the dtype, then divided); outputs
-    of 1 MiB and more come from comm.outbuf's page-resident blocks."""
-    op = "max" if reduction == "max" else "sum"
-    group = _comm(tensor) if tensor.dtype in _COMM_REDUCE_DTYPES else None
-    if group is not None and tensor.is_contiguous() and not tensor.requires_grad:
-        if reduction != "mean":
-            return group.all_reduce_into(_outbuf.empty_like(tensor), tensor, op)
-        if tensor.is_floating_point():
-            return group.all_reduce_into(_outbuf.empty_like(tensor), tensor, "sum_div")
-    out = tensor.clone()  # everything else: literally HF's steps (integer "mean" raises in `/=` as in HF)
-    if group is not None:
-        group.all_reduce(out.detach(), op)
-    else:
-        dist.all_reduce(out, dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-    if reduction == "mean":
-        out /= _shared()["num_processes"]
-    return out
+    return _t().all_reduce_into(tensor, reduction)
 
 
 def _broadcast_(tensor: torch.Tensor, src: int) -> torch.Tensor:
-    """In-place broadcast of rank `src`'s tensor."""
-    group = _comm(tensor)
-    if group is not None:
-        return group.broadcast(tensor, src=src)
-    dist.broadcast(tensor, src=src)
-    return tensor
+    return _t().broadcast_(tensor, src)
 
 
 def _all_gather_objects(obj: Any) -> list:
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
+    return _t().all_gather_objects(obj)
 
 
 def _broadcast_objects_(object_list: list, src: int) -> list:
-    dist.broadcast_object_list(object_list, src=src)
-    return object_list
+    return _t().broadcast_objects_(object_list, src)
 
 
 # ---- structure helpers -------------------------------------------------------------------------------------
