@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from .state import PartialState
+from .utils import operations as _ops  # imported here, not per call: gather/reduce are everyday calls
 
 
 class ProcessAPI:
@@ -67,34 +68,33 @@ class ProcessAPI:
 
     # -- collectives -----------------------------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:
-        from .utils.operations import gather
-        return gather(tensor)
+        return _ops.gather(tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gathers like `gather`, then drops the samples the last batch repeated to keep ranks even."""
-        from .utils.operations import gather, gather_object, recursively_apply
-        try:
-            recursively_apply(lambda x: x, input_data, error_on_other_type=True)
+        if isinstance(input_data, torch.Tensor):
             all_tensors = True
-        except TypeError:
-            all_tensors = False
+        else:
+            try:
+                _ops.recursively_apply(lambda x: x, input_data, error_on_other_type=True)
+                all_tensors = True
+            except TypeError:
+                all_tensors = False
         use_gather_object = use_gather_object or not all_tensors
-        data = gather_object(input_data) if use_gather_object else gather(input_data)
+        data = _ops.gather_object(input_data) if use_gather_object else _ops.gather(input_data)
         gs = self.gradient_state
         if not gs.end_of_dataloader or gs.remainder <= 0:
             return data
         keep = gs.remainder
         if use_gather_object:
             return data[:keep]
-        return recursively_apply(lambda t: t[:keep], data)
+        return _ops.recursively_apply(lambda t: t[:keep], data)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        from .utils.operations import reduce
-        return reduce(tensor, reduction, scale)
+        return _ops.reduce(tensor, reduction, scale)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-        from .utils.operations import pad_across_processes
-        return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+        return _ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
     def set_trigger(self) -> None:
         self.flag_tensor = torch.tensor(1, device=self.state.device)

@@ -39,6 +39,18 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+_get_group: Optional[Callable[[], Any]] = None
+
+
+def _comm_group() -> Any:
+    """accelerate_c.comm.get_group() (imported on first use: a script that never synchronises never loads comm)."""
+    global _get_group
+    if _get_group is None:
+        from .comm import get_group
+        _get_group = get_group
+    return _get_group()
+
+
 class PartialState:
     """Rank, world size, device and process group; created once per process, shared by every instance."""
 
@@ -126,8 +138,12 @@ class PartialState:
         return torch.device("cuda") if torch.cuda.is_available() and not self._cpu else torch.device("cpu")
 
     def wait_for_everyone(self) -> None:
+        """Blocks until every process got here: the barrier of accelerate_c.comm's default group (shared
+        memory within a host, ~us; its waiters sleep on a futex, so main_process_first costs the others no
+        CPU; a dead peer or the process-group timeout raises), dist.barrier under ACCELERATE_C_COMM=torch
+        or with one process per host."""
         if self.use_distributed:
-            dist.barrier()
+            _comm_group().barrier()
 
     def _goes_first(self, is_main: bool) -> Iterator[None]:
         if not is_main:

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCHMARKS = ["overhead.py", "allreduce.py", "ddp_step.py", "optimizer.py", "cast.py", "convergence.py",
-              "checkpoint.py"]
+BENCHMARKS = ["overhead.py", "allreduce.py", "everyday.py", "ddp_step.py", "optimizer.py", "cast.py",
+              "convergence.py", "checkpoint.py"]
 
 
 def main() -> int:

@@ -103,8 +103,8 @@ static PyObject *py_set_timeout(PyObject *m, PyObject *const *args, Py_ssize_t n
 static int parse_op(PyObject *o, acc_redop *op) {
     long v = PyLong_AsLong(o);
     if (v == -1 && PyErr_Occurred()) return -1;
-    if (v < ACC_RED_SUM || v > ACC_RED_MIN) {
-        PyErr_Format(PyExc_ValueError, "unknown reduction op %ld (0 sum, 1 avg, 2 max, 3 min)", v);
+    if (v < ACC_RED_SUM || v > ACC_RED_SUM_DIV) {
+        PyErr_Format(PyExc_ValueError, "unknown reduction op %ld (0 sum, 1 avg, 2 max, 3 min, 4 sum_div)", v);
         return -1;
     }
     *op = (acc_redop)v;
@@ -125,6 +125,33 @@ static PyObject *py_all_reduce(PyObject *m, PyObject *const *args, Py_ssize_t na
     if (st == ACC_OK) st = acc_shm_all_reduce(g, t.data, (size_t)t.numel, t.dtype, op);
     Py_END_ALLOW_THREADS
     if (st) return acc_raise_status(st, "shm_all_reduce");
+    Py_RETURN_NONE;
+}
+
+/* shm_all_reduce_out(handle, input, output, op): output = reduction of every rank's input; input is only
+ * read. output must have input's dtype and element count and either be input or not overlap it. */
+static PyObject *py_all_reduce_out(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (!nargs_ok(nargs, 4, "shm_all_reduce_out")) return NULL;
+    acc_shm_group *g = get_group(args[0], "shm_all_reduce_out");
+    acc_tensor in, out;
+    acc_redop op;
+    if (!g || acc_tensor_borrow_cpu(m, args[1], &in, "shm_all_reduce_out input", -1) < 0 ||
+        acc_tensor_borrow_cpu(m, args[2], &out, "shm_all_reduce_out output", (int)in.dtype) < 0 ||
+        parse_op(args[3], &op) < 0)
+        return NULL;
+    if (in.numel != out.numel)
+        return PyErr_Format(PyExc_ValueError, "shm_all_reduce_out: input has %lld elements, output %lld",
+                            (long long)in.numel, (long long)out.numel);
+    size_t nb = (size_t)in.numel * acc_dtype_size(in.dtype);
+    const char *a = (const char *)in.data, *b = (const char *)out.data;
+    if (nb && a != b && a < b + nb && b < a + nb)
+        return PyErr_Format(PyExc_ValueError, "shm_all_reduce_out: output overlaps input without being it");
+    acc_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = acc_shm_async_drain(g);
+    if (st == ACC_OK) st = acc_shm_all_reduce_out(g, in.data, out.data, (size_t)in.numel, in.dtype, op);
+    Py_END_ALLOW_THREADS
+    if (st) return acc_raise_status(st, "shm_all_reduce_out");
     Py_RETURN_NONE;
 }
 
@@ -306,7 +333,11 @@ PyMethodDef acc_shm_methods[] = {
     {"shm_set_timeout", FC(py_set_timeout),
      "shm_set_timeout($module, handle, seconds, /)\n--\n\nSet the per-wait timeout."},
     {"shm_all_reduce", FC(py_all_reduce),
-     "shm_all_reduce($module, handle, tensor, op, /)\n--\n\nIn-place all-reduce (op: 0 sum, 1 avg, 2 max, 3 min)."},
+     "shm_all_reduce($module, handle, tensor, op, /)\n--\n\n"
+     "In-place all-reduce (op: 0 sum, 1 avg, 2 max, 3 min, 4 sum_div = sum rounded to the dtype, then / N)."},
+    {"shm_all_reduce_out", FC(py_all_reduce_out),
+     "shm_all_reduce_out($module, handle, input, output, op, /)\n--\n\n"
+     "output = all-reduce of every rank's input (input untouched; output is input or disjoint from it)."},
     {"shm_all_reduce_start", FC(py_all_reduce_start),
      "shm_all_reduce_start($module, handle, tensor, op, /)\n--\n\n"
      "Queue an in-place all-reduce on the group's C worker thread; returns a ticket for shm_wait/shm_done."},

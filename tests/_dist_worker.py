@@ -104,6 +104,71 @@ def main(outdir):
             nested = [t, {"z": t * 2}]
             assert same(ops.reduce(nested, red), hops.reduce(nested, red))
 
+    def outcome(fn):
+        """fn()'s result, or the type of the exception it raised (compared between ours and HF's)."""
+        try:
+            return fn()
+        except Exception as e:
+            return type(e)
+
+    @check("reduce_vs_hf")
+    def _():
+        # every dtype HF's reduce takes, sizes around the transport's 64 KiB small buffer and 1 MiB chunk
+        # (4-byte elements), and a multi-chunk one that also comes from the output-block cache
+        gen = torch.Generator().manual_seed(77 + rank)
+        sizes = [1, 16383, 16384, 16385, 262143, 262145, (3 << 18) + 5]
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64,
+                      torch.int8, torch.uint8):
+            for n in sizes if dtype in (torch.float32, torch.bfloat16, torch.int64) else sizes[:4]:
+                x = (torch.randn(n, generator=gen) * 20).to(dtype)
+                keep = x.clone()
+                for red in ("sum", "mean", "max"):
+                    got, ref = outcome(lambda: ops.reduce(x, red)), outcome(lambda: hops.reduce(x, red))
+                    assert same(got, ref), (dtype, n, red, got if isinstance(got, type) else "tensor")
+                    assert same(x, keep), ("input changed", dtype, n, red)
+        # 0-d, non-contiguous (transposed: strides kept as HF's clone keeps them; strided slice), grad
+        m = torch.randn(64, 48, generator=gen)
+        for t in (torch.tensor(rank + 0.25), torch.tensor(rank, dtype=torch.int64), m.t(), m[:, ::3]):
+            for red in ("sum", "mean", "max"):
+                got, ref = outcome(lambda: ops.reduce(t, red)), outcome(lambda: hops.reduce(t, red))
+                assert same(got, ref), (t.shape, t.dtype, red)
+                if isinstance(got, torch.Tensor):
+                    assert got.stride() == ref.stride(), (t.shape, red, got.stride(), ref.stride())
+        w = torch.randn(5, 3, generator=gen, requires_grad=True)
+        for red in ("sum", "mean"):
+            got, ref = ops.reduce(w * 2, red), hops.reduce(w * 2, red)
+            assert torch.equal(got, ref) and got.requires_grad == ref.requires_grad == True, red
+        nested = {"a": torch.tensor(rank), "b": [torch.ones(3, 2) * rank, (torch.tensor([rank + 0.5]),)]}
+        for red in ("sum", "mean", "max"):
+            assert same(outcome(lambda: ops.reduce(nested, red)), outcome(lambda: hops.reduce(nested, red))), red
+
+    @check("gather_vs_hf")
+    def _():
+        gen = torch.Generator().manual_seed(99 + rank)
+        m = torch.randn(300, 40, generator=gen)
+        for t in (torch.randn(1024, generator=gen), torch.randn(4, 128, 129, generator=gen).to(torch.bfloat16),
+                  torch.randn(1 << 19, generator=gen), torch.tensor(rank + 0.5), m.t(), m[::2],
+                  torch.arange(7, dtype=torch.int64) * rank, torch.ones(0, 3)):
+            keep = t.clone()
+            got, ref = ops.gather(t), hops.gather(t)
+            assert same(got, ref) and got.is_contiguous(), (t.shape, t.dtype)
+            assert same(t, keep), ("input changed", t.shape)
+
+    @check("output_cache_reuse")
+    def _():
+        from accelerate_c.comm import outbuf
+        x = torch.full((1 << 19,), float(rank + 1))  # 2 MiB: results come from the cache
+        r1 = ops.reduce(x, "sum")
+        p1 = r1.data_ptr()
+        del r1
+        r2 = ops.reduce(x, "max")  # r1 was dropped: its block serves again
+        assert r2.data_ptr() == p1 and bool((r2 == 2.0).all())
+        view = r2[10:20]
+        del r2
+        r3 = ops.reduce(x, "sum")  # r2's block is still held by a view of it: not reused
+        assert r3.data_ptr() != p1 and bool((r3 == 3.0).all()) and bool((view == 2.0).all())
+        assert outbuf.held_bytes() <= outbuf.limit_bytes()
+
     @check("pad_across_processes")
     def _():
         t = torch.arange(2 * (rank + 1)).view(rank + 1, 2) + 1

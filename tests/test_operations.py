@@ -56,7 +56,8 @@ def _assert_ok(results, name):
 
 
 @pytest.mark.parametrize("name", ["gather", "gather_object", "broadcast", "reduce", "pad_across_processes",
-                                  "debug_mode", "copy_tensor_to_devices", "rng_sync"])
+                                  "debug_mode", "copy_tensor_to_devices", "rng_sync", "reduce_vs_hf",
+                                  "gather_vs_hf", "output_cache_reuse"])
 def test_collectives_two_processes(dist_results, name):
     _assert_ok(dist_results, name)
 

@@ -4,11 +4,14 @@
 # process group between one leader per host).
 # Not for: the transports themselves (shm.py, hierarchical.py).
 #
-# Common interface (CollectiveGroup): all_reduce(tensor, op="sum") in place; all_reduce_async(tensor, op)
+# Common interface (CollectiveGroup): all_reduce(tensor, op="sum") in place; all_reduce_into(output, input, op)
+# out of place (input untouched); all_reduce_async(tensor, op)
 # -> Work; reduce_scatter(output, input, op); all_gather(output, input) (flat, rank order); broadcast(tensor,
 # src) with src a rank *of the group*; barrier(); alloc(numel, dtype) (shared memory when the transport has
 # it); host_group() (the ShmGroup of this host's ranks, or None); close(). `op` is "sum" | "avg" | "max" |
-# "min" (or a dist.ReduceOp). Non-CPU tensors always go to torch.distributed on `pg` (NCCL/gloo). ACCELERATE_C_COMM=torch forces the plain torch path.
+# "min" | "sum_div" (the sum, then divided by the group size as torch divides) (or a dist.ReduceOp).
+# Non-CPU tensors always go to torch.distributed on `pg` (NCCL/gloo). ACCELERATE_C_COMM=torch forces the plain
+# torch path.
 from __future__ import annotations
 
 import os
@@ -20,8 +23,9 @@ import torch.distributed as dist
 
 from accelerate_c.comm.shm import ShmGroup, Work, _op_code
 
-_TORCH_OPS = [dist.ReduceOp.SUM, dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN]  # avg = sum / n
-_CACHE: dict = {}
+# avg and sum_div = sum / n: torch's division of the summed tensor
+_TORCH_OPS = [dist.ReduceOp.SUM, dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.SUM]
+_CACHE: dict = {}  # id(pg) (None: the default group) -> (the process group object it was built on, group)
 
 
 def host_id() -> str:
@@ -34,6 +38,7 @@ class CollectiveGroup(Protocol):
     size: int
 
     def all_reduce(self, tensor: torch.Tensor, op: Any = "sum") -> torch.Tensor: ...
+    def all_reduce_into(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor: ...
     def all_reduce_async(self, tensor: torch.Tensor, op: Any = "sum") -> Any: ...
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor: ...
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor: ...
@@ -58,13 +63,16 @@ class TorchGroup:
     def all_reduce(self, tensor: torch.Tensor, op: Any = "sum") -> torch.Tensor:
         code = _op_code(op)
         dist.all_reduce(tensor, op=_TORCH_OPS[code], group=self.pg)
-        if code == 1:
+        if code in (1, 4):
             tensor.div_(self.size)
         return tensor
 
+    def all_reduce_into(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor:
+        return self.all_reduce(output.copy_(input), op)
+
     def all_reduce_async(self, tensor: torch.Tensor, op: Any = "sum") -> Any:
         code = _op_code(op)
-        if code == 1:  # avg: torch has no async post-division; finish it here
+        if code in (1, 4):  # avg: torch has no async post-division; finish it here
             self.all_reduce(tensor, op)
             w = Work()
             w._done.set()
@@ -110,8 +118,8 @@ class _CpuOrTorch:
         self.rank, self.size = inner.rank, inner.size
         self._torch: Optional[TorchGroup] = None
 
-    def _pick(self, *ts: torch.Tensor) -> Any:
-        if all(t.device.type == "cpu" and t.is_contiguous() for t in ts):
+    def _pick(self, a: torch.Tensor, b: Optional[torch.Tensor] = None) -> Any:
+        if a.is_cpu and a.is_contiguous() and (b is None or (b.is_cpu and b.is_contiguous())):
             return self.inner
         if self._torch is None:
             self._torch = TorchGroup(self.pg)
@@ -119,6 +127,9 @@ class _CpuOrTorch:
 
     def all_reduce(self, tensor: torch.Tensor, op: Any = "sum") -> torch.Tensor:
         return self._pick(tensor).all_reduce(tensor, op)
+
+    def all_reduce_into(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor:
+        return self._pick(output, input).all_reduce_into(output, input, op)
 
     def all_reduce_async(self, tensor: torch.Tensor, op: Any = "sum") -> Any:
         return self._pick(tensor).all_reduce_async(tensor, op)
@@ -146,10 +157,17 @@ class _CpuOrTorch:
 
 
 def get_group(pg: Optional[dist.ProcessGroup] = None, *, timeout: Optional[float] = None) -> CollectiveGroup:
-    """Collective (every rank of `pg` must call it, in the same order as other collectives). Cached per pg."""
+    """Collective (every rank of `pg` must call it, in the same order as other collectives). Cached per pg;
+    a cached group built on a process group that has since been destroyed (and maybe re-created) is closed
+    and built again."""
     key = id(pg) if pg is not None else None
-    if key in _CACHE:
-        return _CACHE[key]
+    hit = _CACHE.get(key)
+    owner = pg if pg is not None else dist.distributed_c10d.GroupMember.WORLD
+    if hit is not None:
+        if hit[0] is owner:
+            return hit[1]
+        del _CACHE[key]
+        hit[1].close()
     if not (dist.is_available() and dist.is_initialized()):
         grp: Any = ShmGroup(None, timeout=timeout)
     elif os.environ.get("ACCELERATE_C_COMM", "").lower() == "torch":
@@ -166,12 +184,12 @@ def get_group(pg: Optional[dist.ProcessGroup] = None, *, timeout: Optional[float
         else:
             from accelerate_c.comm.hierarchical import HierarchicalGroup
             grp = _CpuOrTorch(HierarchicalGroup(pg, hosts, timeout=timeout), pg)
-    _CACHE[key] = grp
+    _CACHE[key] = (owner, grp)
     return grp
 
 
 def release_groups() -> None:
     """Closes every cached group (call before destroy_process_group)."""
-    for g in list(_CACHE.values()):
+    for _owner, g in list(_CACHE.values()):
         g.close()
     _CACHE.clear()

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from accelerate_c.comm.shm import ShmGroup, Work, _op_code
 
-_TORCH_OPS = [dist.ReduceOp.SUM, dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN]
+_TORCH_OPS = [dist.ReduceOp.SUM, dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.SUM]
 
 
 class HierarchicalGroup:
@@ -42,13 +42,17 @@ class HierarchicalGroup:
         self.shm = ShmGroup(local_pg, timeout=timeout)
 
     # ---- implementations (no ordering with the async queue; public wrappers add it) -------------------
-    def _all_reduce(self, t: torch.Tensor, code: int) -> None:
-        inner = 0 if code == 1 else code  # avg = sum everywhere, one division at the end
-        self.shm.raw_all_reduce(t, inner)
+    def _all_reduce(self, t: torch.Tensor, code: int, src: Optional[torch.Tensor] = None) -> None:
+        """t = reduction of every rank's `src` (of t itself when src is None)."""
+        inner = 0 if code in (1, 4) else code  # avg / sum_div = sum everywhere, one division at the end
+        if src is None:
+            self.shm.raw_all_reduce(t, inner)
+        else:
+            self.shm.raw_all_reduce_into(t, src, inner)
         if self.is_leader:
             dist.all_reduce(t, op=_TORCH_OPS[inner], group=self.leaders_pg)
         self.shm.raw_broadcast(t, 0)
-        if code == 1:
+        if code in (1, 4):
             t.div_(self.size)
 
     def _broadcast(self, t: torch.Tensor, src: int) -> None:
@@ -82,6 +86,12 @@ class HierarchicalGroup:
         self.shm.synchronize()
         self._all_reduce(tensor, code)
         return tensor
+
+    def all_reduce_into(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor:
+        code = _op_code(op)
+        self.shm.synchronize()
+        self._all_reduce(output, code, input)
+        return output
 
     def all_reduce_async(self, tensor: torch.Tensor, op: Any = "sum") -> Work:
         """Runs the whole three-step all-reduce on the local ShmGroup's worker thread."""

@@ -23,16 +23,21 @@ import torch.distributed as dist
 
 from accelerate_c import _C
 
-_OPS = {"sum": 0, "avg": 1, "mean": 1, "max": 2, "min": 3}
+# "sum_div": the sum rounded to the dtype, then divided by the group size (torch's all_reduce(SUM); t /= n,
+# which is what HF Accelerate's reduce(..., "mean") computes); "avg" divides the unrounded sum (DDP).
+_OPS = {"sum": 0, "avg": 1, "mean": 1, "max": 2, "min": 3, "sum_div": 4}
 _PAGE = 4096
 
 
 def _op_code(op: Any) -> int:
-    if isinstance(op, int) and 0 <= op <= 3:  # already a code (0 sum, 1 avg, 2 max, 3 min)
+    code = _OPS.get(op) if isinstance(op, str) else None
+    if code is not None:
+        return code
+    if isinstance(op, int) and 0 <= op <= 4:  # already a code (0 sum, 1 avg, 2 max, 3 min, 4 sum_div)
         return op
     if isinstance(op, str):
         if op.lower() not in _OPS:
-            raise ValueError(f"unknown reduction op {op!r} (sum, avg, max, min)")
+            raise ValueError(f"unknown reduction op {op!r} (sum, avg, max, min, sum_div)")
         return _OPS[op.lower()]
     names = {dist.ReduceOp.SUM: 0, dist.ReduceOp.AVG: 1, dist.ReduceOp.MAX: 2, dist.ReduceOp.MIN: 3}
     for k, v in names.items():
@@ -179,26 +184,37 @@ class ShmGroup:
         for w in pending:
             w.wait()
 
-    def _sync_call(self, fn: Callable[[], None]) -> None:
+    # ---- collectives -------------------------------------------------------------------------------------
+    # Every synchronous op first waits for the async queue (`if self._pending`), then makes one C call: these
+    # are the everyday calls (reduce/gather of a metric, wait_for_everyone), so no closures or extra layers.
+    def all_reduce(self, tensor: torch.Tensor, op: Any = "sum") -> torch.Tensor:
+        """In-place all-reduce of a CPU tensor (zero-copy when it lives in alloc() memory)."""
+        code = _op_code(op)
         if self._pending:
             self.synchronize()
-        fn()
-
-    # ---- collectives -------------------------------------------------------------------------------------
-    def all_reduce(self, tensor: torch.Tensor, op: Any = "sum") -> torch.Tensor:
-        """In-place all-reduce of a contiguous CPU tensor (zero-copy when it lives in alloc() memory)."""
-        code = _op_code(op)
-        if not tensor.is_contiguous():  # rare: reduce a contiguous copy
+        if not tensor.is_contiguous():  # rare: reduce into a contiguous copy, then copy back
             tmp = tensor.contiguous()
-            self._sync_call(lambda: _C.shm_all_reduce(self._h, tmp, code))
+            _C.shm_all_reduce(self._h, tmp, code)
             return tensor.copy_(tmp)
-        self._sync_call(lambda: _C.shm_all_reduce(self._h, tensor, code))
+        _C.shm_all_reduce(self._h, tensor, code)
         return tensor
+
+    def all_reduce_into(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor:
+        """output = reduction over ranks of input (contiguous CPU tensors of one dtype and size, not
+        overlapping); input is only read: no copy of it is made."""
+        code = _op_code(op)
+        if self._pending:
+            self.synchronize()
+        _C.shm_all_reduce_out(self._h, input, output, code)
+        return output
 
     # raw ops: no ordering with the async queue (for callers already on the worker thread, e.g.
     # HierarchicalGroup's async path); everything else should use the public methods.
     def raw_all_reduce(self, tensor: torch.Tensor, op: Any = "sum") -> None:
         _C.shm_all_reduce(self._h, tensor, _op_code(op))
+
+    def raw_all_reduce_into(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> None:
+        _C.shm_all_reduce_out(self._h, input, output, _op_code(op))
 
     def raw_broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         _C.shm_broadcast(self._h, tensor, src)
@@ -218,25 +234,35 @@ class ShmGroup:
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor:
         """output = reduction over ranks of input[rank*n:(rank+1)*n] (n = output.numel())."""
         code = _op_code(op)
-        self._sync_call(lambda: _C.shm_reduce_scatter(self._h, input, output, code))
+        if self._pending:
+            self.synchronize()
+        _C.shm_reduce_scatter(self._h, input, output, code)
         return output
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
         """output (size * input.numel() elements) = every rank's input in rank order."""
-        self._sync_call(lambda: _C.shm_all_gather(self._h, input, output))
+        if self._pending:
+            self.synchronize()
+        _C.shm_all_gather(self._h, input, output)
         return output
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """In-place broadcast from group rank `src`."""
+        if self._pending:
+            self.synchronize()
         if not tensor.is_contiguous():
             tmp = tensor.contiguous()
-            self._sync_call(lambda: _C.shm_broadcast(self._h, tmp, src))
+            _C.shm_broadcast(self._h, tmp, src)
             return tensor.copy_(tmp)
-        self._sync_call(lambda: _C.shm_broadcast(self._h, tensor, src))
+        _C.shm_broadcast(self._h, tensor, src)
         return tensor
 
     def barrier(self) -> None:
-        self._sync_call(lambda: _C.shm_barrier(self._h))
+        """Every rank of the group arrives before any leaves. The wait spins ~50 us, then sleeps on a futex
+        (a rank waiting for a peer's long job costs no CPU); a dead peer or the timeout raises."""
+        if self._pending:
+            self.synchronize()
+        _C.shm_barrier(self._h)
 
     def set_timeout(self, seconds: float) -> None:
         self.timeout = float(seconds)

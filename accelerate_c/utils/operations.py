@@ -1,12 +1,11 @@
 # accelerate_c/utils/operations.py: HF Accelerate's tensor/collective helpers under its names and semantics
 # (gather, gather_object, broadcast, broadcast_object_list, reduce, pad_across_processes, send_to_device, ...).
-# Every collective goes through ONE private function per op (_all_gather_into, _all_reduce_, _broadcast_,
-# _all_gather_objects, _broadcast_objects_) so the transport (torch.distributed today, the C shared-memory
-# transport later) is swapped in one place.
+# Every collective goes through ONE private function per op (_all_gather_into, _all_reduce_into, _broadcast_,
+# _all_gather_objects, _broadcast_objects_), implemented in accelerate_c.comm.transport, which picks C shared
+# memory for CPU tensors and torch.distributed otherwise. gather/reduce of a bare tensor skip the structure
+# walk: they are everyday calls (a metric per step) whose Python overhead is the cost.
 # Not for: process-group setup (state.py) or RNG helpers (utils/random.py).
 from __future__ import annotations
-
-import os
 
 import warnings
 from collections.abc import Mapping
@@ -34,75 +33,63 @@ class CannotPadNestedTensorWarning(UserWarning):
     pass
 
 
-def _state() -> Any:
-    from ..state import PartialState  # late import: state.py imports utils
+_PS: Any = None  # the PartialState class, imported on first use (state.py imports utils)
 
-    return PartialState()
+
+def _shared() -> dict:
+    """PartialState's shared attribute dict, creating the state first when it is empty (as PartialState()
+    does in HF's helpers). A dict read, so the everyday collectives pay no object construction."""
+    global _PS
+    if _PS is None:
+        from ..state import PartialState
+        _PS = PartialState
+    d = _PS._shared_state
+    if not d:
+        _PS()
+    return d
+
+
+def _state() -> Any:
+    _shared()
+    return _PS()
 
 
 def _distributed() -> bool:
     """True when collectives must really talk to the other processes."""
-    st = _state()
-    return st.distributed_type not in (DistributedType.NO, DistributedType.XLA) and dist.is_initialized()
+    return _shared()["distributed_type"] not in (DistributedType.NO, DistributedType.XLA) and dist.is_initialized()
 
 
-# ---- the transport: one function per collective ----------------------------------------------------------
-_COMM_REDUCE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)
+# ---- the transport: one function per collective (accelerate_c.comm.transport; loaded on first use, so that
+# `import accelerate_c.utils.operations` does not load the comm package)
+_transport: Any = None
 
 
-def _comm(tensor: torch.Tensor) -> Any:
-    """The accelerate_c.comm group (shared memory within a host) for CPU tensors, else None (torch)."""
-    if tensor.device.type != "cpu" or os.environ.get("ACCELERATE_C_COMM", "").lower() == "torch":
-        return None
-    from ..comm import get_group
-    return get_group()
+def _t() -> Any:
+    global _transport
+    if _transport is None:
+        from ..comm import transport
+        _transport = transport
+    return _transport
 
 
 def _all_gather_into(tensor: torch.Tensor) -> torch.Tensor:
-    """Concatenate the (contiguous, same-shaped) `tensor` of every rank along dim 0, rank order."""
-    world = dist.get_world_size()
-    group = _comm(tensor)
-    if group is not None:
-        out = torch.empty((world * tensor.shape[0], *tensor.shape[1:]) if tensor.dim() else (world,),
-                          dtype=tensor.dtype)
-        group.all_gather(out, tensor.contiguous())
-        return out
-    if dist.get_backend() != "gloo":
-        out = torch.empty(world * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-        dist.all_gather_into_tensor(out, tensor)
-        return out.view(-1, *tensor.shape[1:])
-    parts = [torch.empty_like(tensor) for _ in range(world)]
-    dist.all_gather(parts, tensor)
-    return torch.cat(parts, dim=0)
+    return _t().all_gather_into(tensor)
 
 
-def _all_reduce_(tensor: torch.Tensor, op: str) -> torch.Tensor:
-    """In-place all-reduce; op is "sum" or "max"."""
-    group = _comm(tensor) if tensor.dtype in _COMM_REDUCE_DTYPES else None
-    if group is not None:
-        return group.all_reduce(tensor, op=op)
-    dist.all_reduce(tensor, dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-    return tensor
+def _all_reduce_into(tensor: torch.Tensor, reduction: str) -> torch.Tensor:
+    return _t().all_reduce_into(tensor, reduction)
 
 
 def _broadcast_(tensor: torch.Tensor, src: int) -> torch.Tensor:
-    """In-place broadcast of rank `src`'s tensor."""
-    group = _comm(tensor)
-    if group is not None:
-        return group.broadcast(tensor, src=src)
-    dist.broadcast(tensor, src=src)
-    return tensor
+    return _t().broadcast_(tensor, src)
 
 
 def _all_gather_objects(obj: Any) -> list:
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
+    return _t().all_gather_objects(obj)
 
 
 def _broadcast_objects_(object_list: list, src: int) -> list:
-    dist.broadcast_object_list(object_list, src=src)
-    return object_list
+    return _t().broadcast_objects_(object_list, src)
 
 
 # ---- structure helpers -------------------------------------------------------------------------------------
@@ -248,9 +235,10 @@ def verify_operation(function: Callable) -> Callable:
 
     @wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        st = _state()
-        if st.distributed_type == DistributedType.NO or not getattr(st, "debug", False):
+        d = _shared()
+        if not d.get("debug") or d["distributed_type"] == DistributedType.NO:
             return function(*args, **kwargs)
+        st = _state()
         operation = f"{function.__module__}.{function.__name__}"
         tensor = kwargs["tensor"] if "tensor" in kwargs else args[0]
         found = find_device(tensor)
@@ -297,6 +285,8 @@ def gather(tensor: Any) -> Any:
     """Gather (cat on dim 0, rank order) every tensor of a nested structure from all processes."""
     if not _distributed():
         return tensor
+    if isinstance(tensor, torch.Tensor):  # the everyday case: what recursively_apply would do, minus its walk
+        return _gather_one(tensor)
     return recursively_apply(_gather_one, tensor, error_on_other_type=True)
 
 
@@ -353,22 +343,24 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
                              pad_first=pad_first)
 
 
+def _reduce_one(t: torch.Tensor, reduction: str = "mean", scale: float = 1.0) -> torch.Tensor:
+    if _shared()["distributed_type"] == DistributedType.NO:
+        return t.clone()
+    if _distributed():
+        return _all_reduce_into(t, reduction)
+    out = t.clone()
+    if reduction == "mean":
+        out /= _shared()["num_processes"]
+    return out
+
+
 @verify_operation
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """All-reduce (sum/mean/max) copies of every tensor of a nested structure. `scale` is accepted for
     compatibility; as in HF it only affects XLA."""
-
-    def _reduce(t: torch.Tensor, reduction: str = "mean", scale: float = 1.0) -> torch.Tensor:
-        out = t.clone()
-        if _state().distributed_type == DistributedType.NO:
-            return out
-        if _distributed():
-            _all_reduce_(out, "max" if reduction == "max" else "sum")
-        if reduction == "mean":
-            out /= _state().num_processes
-        return out
-
-    return recursively_apply(_reduce, tensor, error_on_other_type=True, reduction=reduction, scale=scale)
+    if isinstance(tensor, torch.Tensor):  # the everyday case: what recursively_apply would do, minus its walk
+        return _reduce_one(tensor, reduction)
+    return recursively_apply(_reduce_one, tensor, error_on_other_type=True, reduction=reduction, scale=scale)
 
 
 _DTYPE_CODES = {torch.float: 1, torch.double: 2, torch.half: 3, torch.bfloat16: 4, torch.uint8: 5, torch.int8: 6,

@@ -22,7 +22,10 @@
 
 #include "acc.h"
 
-typedef enum { ACC_RED_SUM = 0, ACC_RED_AVG = 1, ACC_RED_MAX = 2, ACC_RED_MIN = 3 } acc_redop;
+/* AVG divides the exact (accumulation-type) sum by N before rounding (DDP gradients); SUM_DIV rounds the sum
+ * to the storage type first, then divides and rounds again: torch's `all_reduce(SUM); t /= N` bit for bit
+ * (HF Accelerate's reduce(..., "mean")). Both are for floating types only. */
+typedef enum { ACC_RED_SUM = 0, ACC_RED_AVG = 1, ACC_RED_MAX = 2, ACC_RED_MIN = 3, ACC_RED_SUM_DIV = 4 } acc_redop;
 
 typedef struct acc_shm_group acc_shm_group;
 
@@ -55,6 +58,12 @@ void acc_shm_region_unregister(acc_shm_group *g, void *base);
  * all_gather: in[0:nbytes) of every rank -> out[0 : N*nbytes) in rank order (raw bytes).
  * broadcast: data[0:nbytes) of `root` to every rank (raw bytes). */
 acc_status acc_shm_all_reduce(acc_shm_group *g, void *data, size_t count, acc_dtype dtype, acc_redop op);
+/* Out-of-place all_reduce: out[0:count) = reduction over ranks of in[0:count); `in` is only read. `out` is
+ * either `in` itself (then it is acc_shm_all_reduce) or does not overlap it. Same paths as the in-place op
+ * (the zero-copy one when `in` lies in a registered region: every rank then reduces the whole range from
+ * the peers' parts into its own `out`), with no copy of the input and no copy-back. */
+acc_status acc_shm_all_reduce_out(acc_shm_group *g, const void *in, void *out, size_t count, acc_dtype dtype,
+                                  acc_redop op);
 acc_status acc_shm_reduce_scatter(acc_shm_group *g, const void *in, void *out, size_t count, acc_dtype dtype,
                                   acc_redop op);
 acc_status acc_shm_all_gather(acc_shm_group *g, const void *in, void *out, size_t nbytes);
@@ -77,7 +86,8 @@ void acc_shm_async_stop(acc_shm_group *g);
 
 /* Reduction kernel (shm_reduce.c): for i in [0, count): v = op(srcs[0][i], ..., srcs[nsrc-1][i])
  * (fixed source order, so every rank gets the same bits), computed in fp32 for bf16/fp16 and rounded
- * back to nearest-even; AVG divides by nsrc (floating types only). The result is stored to every
+ * back to nearest-even; AVG divides by nsrc (floating types only), SUM_DIV rounds the sum to the storage type
+ * and then divides it by nsrc (floating types only). The result is stored to every
  * dsts[k] (a dst may alias a src). Returns ACC_ERR_DTYPE for unsupported dtype/op pairs. */
 acc_status acc_reduce_n(acc_dtype dtype, acc_redop op, const void *const *srcs, int nsrc, void *const *dsts,
                         int ndst, size_t count);

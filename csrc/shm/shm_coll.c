@@ -5,14 +5,15 @@
  *       must first have waited for every peer's arrival of the next call, which peers only make after
  *       they finished reading small[b].
  *   zero-copy (the tensor lies in a registered region, same offset on every rank): no copy-in; ranks
- *       read (and for all_reduce, write) peers' parts directly, then a second arrival so nobody
- *       returns (and lets the user touch its buffer) while a peer still uses it.
+ *       read (and for the in-place all_reduce, write) peers' parts directly, then a second arrival so
+ *       nobody returns (and lets the user touch its buffer) while a peer still uses it.
  *   staged (ordinary tensors above small_bytes): chunks of chunk_bytes through staging[k & 1]
  *       (k counts chunks across calls, so consecutive chunks alternate buffers; same reuse argument:
  *       a rank rewrites staging[k & 1] for chunk k+2 only after waiting for an arrival that every peer
  *       makes after its last read of chunk k). One arrival per chunk; all_reduce is pipelined so that
  *       P chunks cost P+1 arrivals (see staged_all_reduce).
- * all_reduce slices a chunk into N cache-line aligned parts; rank r reduces part r from every rank.
+ * all_reduce slices a chunk into N cache-line aligned parts; rank r reduces part r from every rank. It is
+ * out-of-place underneath (acc_shm_all_reduce_out reads `in`, writes `out`); in place is in == out.
  * Not for: segment life cycle / waiting (shm_seg.c) or the arithmetic (shm_reduce.c). */
 #include <stdio.h>
 #include <string.h>
@@ -115,7 +116,9 @@ static void slice(size_t n, size_t esz, int nranks, int q, size_t *lo, size_t *h
  *                       copy-in), summed in rank order, stored to my tensor and to my own slot `me`;
  *   copy out piece s-2: slice q of my tensor <- rank q's slot q of buffer (s-2) (its reduced slice);
  *   copy in piece s:    slice q of my tensor -> my slot q of buffer s, for every q != me.
- * and a last copy-out of piece P-1 follows the final arrival. So P pieces cost P+1 arrivals.
+ * and a last copy-out of piece P-1 follows the final arrival. So P pieces cost P+1 arrivals. "My tensor" is
+ * read from `in` and written to `out` (the same pointer for the in-place op): copy-in and my own sources
+ * read `in`, the reduce and the copy-out write `out`.
  * Reuse safety, seen from rank me's staging. In step s peers read: my slots q != me of buffer s-1 (piece
  * s-1's copy-in, for their reduce) and my slot me of buffer s-2 = buffer s (my reduced slice of piece s-2,
  * for their copy-out); I write my slots q != me of buffer s and my slot me of buffer s-1: other slots, so
@@ -129,8 +132,8 @@ static size_t piece_len(size_t count, size_t per_piece, size_t p) {
     return count - off < per_piece ? count - off : per_piece;
 }
 
-static acc_status staged_all_reduce(acc_shm_group *g, char *data, size_t count, size_t esz, acc_dtype dtype,
-                                    acc_redop op) {
+static acc_status staged_all_reduce(acc_shm_group *g, const char *in, char *out, size_t count, size_t esz,
+                                    acc_dtype dtype, acc_redop op) {
     const int N = g->nranks, me = g->rank;
     const size_t slot = g->chunk_bytes / (size_t)N, per_piece = g->chunk_bytes / esz;
     const size_t npieces = (count + per_piece - 1) / per_piece;
@@ -142,19 +145,18 @@ static acc_status staged_all_reduce(acc_shm_group *g, char *data, size_t count, 
     acc_status st;
     for (size_t s = 0; s <= npieces + 1; s++) {
         if (s >= 1 && s - 1 < npieces) { /* reduce piece s-1 */
-            size_t m = piece_len(count, per_piece, s - 1);
+            size_t m = piece_len(count, per_piece, s - 1), off = (s - 1) * per_piece * esz;
             uint32_t k = k0 + (uint32_t)(s - 1);
-            char *base = data + (s - 1) * per_piece * esz;
             slice(m, esz, N, me, &lo, &hi);
-            for (int q = 0; q < N; q++) srcs[q] = q == me ? base + lo * esz : shm_staging(g, q, k) + (size_t)me * slot;
-            dsts[0] = base + lo * esz;
+            for (int q = 0; q < N; q++) srcs[q] = q == me ? in + off + lo * esz : shm_staging(g, q, k) + (size_t)me * slot;
+            dsts[0] = out + off + lo * esz;
             dsts[1] = shm_staging(g, me, k) + (size_t)me * slot;
             if (hi > lo && (st = acc_reduce_n(dtype, op, srcs, N, dsts, N > 1 ? 2 : 1, hi - lo))) return st;
         }
         if (s >= 2) { /* copy out piece s-2 */
             size_t m = piece_len(count, per_piece, s - 2);
             uint32_t k = k0 + (uint32_t)(s - 2);
-            char *base = data + (s - 2) * per_piece * esz;
+            char *base = out + (s - 2) * per_piece * esz;
             for (int q = 0; q < N; q++) {
                 if (q == me) continue;
                 slice(m, esz, N, q, &lo, &hi);
@@ -164,7 +166,8 @@ static acc_status staged_all_reduce(acc_shm_group *g, char *data, size_t count, 
         if (s == npieces + 1) break;
         if (s < npieces) { /* copy in piece s */
             size_t m = piece_len(count, per_piece, s);
-            char *base = data + s * per_piece * esz, *stg = shm_staging(g, me, k0 + (uint32_t)s);
+            const char *base = in + s * per_piece * esz;
+            char *stg = shm_staging(g, me, k0 + (uint32_t)s);
             for (int q = 0; q < N; q++) {
                 if (q == me) continue;
                 slice(m, esz, N, q, &lo, &hi);
@@ -176,37 +179,49 @@ static acc_status staged_all_reduce(acc_shm_group *g, char *data, size_t count, 
     return ACC_OK;
 }
 
-acc_status acc_shm_all_reduce(acc_shm_group *g, void *data, size_t count, acc_dtype dtype, acc_redop op) {
+acc_status acc_shm_all_reduce_out(acc_shm_group *g, const void *in, void *out, size_t count, acc_dtype dtype,
+                                  acc_redop op) {
     if (!acc_reduce_supported(dtype, op)) {
         acc_set_error("shm all_reduce: op %d is not supported for dtype %s", (int)op, acc_dtype_name(dtype));
         return ACC_ERR_DTYPE;
     }
     const int N = g->nranks, me = g->rank;
     const size_t esz = acc_dtype_size(dtype), nbytes = count * esz;
+    const int inplace = in == out;
     char *part0 = NULL;
     size_t pstride = 0;
-    uint64_t zoff = nbytes > g->small_bytes ? region_offset(g, data, nbytes, &part0, &pstride) : UINT64_MAX;
+    uint64_t zoff = nbytes > g->small_bytes ? region_offset(g, in, nbytes, &part0, &pstride) : UINT64_MAX;
     acc_status st = begin(g, OP_ALL_REDUCE, dtype, (uint32_t)op, count, zoff);
     if (st) return st;
     const void *srcs[SHM_MAX_RANKS];
     void *dsts[SHM_MAX_RANKS + 1];
     if (nbytes <= g->small_bytes) {
         uint32_t call = g->ncalls - 1;
-        memcpy(shm_small(g, me, call), data, nbytes);
+        memcpy(shm_small(g, me, call), in, nbytes);
         if ((st = first_sync(g, OP_ALL_REDUCE))) return st;
         for (int q = 0; q < N; q++) srcs[q] = shm_small(g, q, call);
-        dsts[0] = data;
+        dsts[0] = out;
         return acc_reduce_n(dtype, op, srcs, N, dsts, 1, count);
     }
     if (zoff != UINT64_MAX) {
         if ((st = first_sync(g, OP_ALL_REDUCE))) return st;
         size_t lo, hi;
-        slice(count, esz, N, me, &lo, &hi);
-        for (int q = 0; q < N; q++) dsts[q] = part0 + (size_t)q * pstride + zoff + lo * esz;
-        if (hi > lo && (st = acc_reduce_n(dtype, op, (const void *const *)dsts, N, dsts, N, hi - lo))) return st;
+        if (inplace) { /* my slice from every part, stored back to every part */
+            slice(count, esz, N, me, &lo, &hi);
+            for (int q = 0; q < N; q++) dsts[q] = part0 + (size_t)q * pstride + zoff + lo * esz;
+            if (hi > lo && (st = acc_reduce_n(dtype, op, (const void *const *)dsts, N, dsts, N, hi - lo))) return st;
+        } else { /* the inputs stay untouched: every rank reduces the whole range into its own out */
+            for (int q = 0; q < N; q++) srcs[q] = part0 + (size_t)q * pstride + zoff;
+            dsts[0] = out;
+            if ((st = acc_reduce_n(dtype, op, srcs, N, dsts, 1, count))) return st;
+        }
         return sync_again(g, OP_ALL_REDUCE);
     }
-    return staged_all_reduce(g, (char *)data, count, esz, dtype, op);
+    return staged_all_reduce(g, (const char *)in, (char *)out, count, esz, dtype, op);
+}
+
+acc_status acc_shm_all_reduce(acc_shm_group *g, void *data, size_t count, acc_dtype dtype, acc_redop op) {
+    return acc_shm_all_reduce_out(g, data, data, count, dtype, op);
 }
 
 acc_status acc_shm_reduce_scatter(acc_shm_group *g, const void *in, void *out, size_t count, acc_dtype dtype,

@@ -7,7 +7,7 @@
  * means every rank that reduces the same data gets the same bits. The generic kernels are
  * always_inline and instantiated inside functions with different `target` attributes, so gcc
  * vectorises the same C for each ISA (bit-identical: no FMA contraction happens in add/max/min).
- * The 2-source sum/avg (every 2-rank all_reduce) skips the block: one element-wise pass computing the
+ * The 2-source sum/avg/sum_div (every 2-rank all_reduce) skips the block: one element-wise pass computing the
  * same expression, ~1.7x faster than the block path (both input streams in flight, no extra passes). */
 #include <math.h>
 #include <string.h>
@@ -34,21 +34,22 @@ static inline __attribute__((always_inline)) uint16_t f32_to_bf16(float f) {
 }
 
 /* acc[i] = op(X, Y) for i < m, where X / Y are expressions of i (op is hoisted out of the loops by gcc's
- * loop unswitching since it is loop-invariant). MAX/MIN propagate a NaN in the first operand. */
+ * loop unswitching since it is loop-invariant). SUM, AVG and SUM_DIV all add here; their division comes
+ * after the last source. MAX/MIN propagate a NaN in the first operand. */
 #define COMBINE(A, X, Y)                                                                                  \
     do {                                                                                                  \
-        if (op == ACC_RED_SUM || op == ACC_RED_AVG) {                                                     \
-            for (size_t i = 0; i < m; i++) acc[i] = (X) + (Y);                                            \
-        } else if (op == ACC_RED_MAX) {                                                                   \
+        if (op == ACC_RED_MAX) {                                                                          \
             for (size_t i = 0; i < m; i++) {                                                              \
                 A a = (X), v = (Y);                                                                       \
                 acc[i] = (a > v || a != a) ? a : v;                                                       \
             }                                                                                             \
-        } else {                                                                                          \
+        } else if (op == ACC_RED_MIN) {                                                                   \
             for (size_t i = 0; i < m; i++) {                                                              \
                 A a = (X), v = (Y);                                                                       \
                 acc[i] = (a < v || a != a) ? a : v;                                                       \
             }                                                                                             \
+        } else { /* SUM, AVG, SUM_DIV */                                                                  \
+            for (size_t i = 0; i < m; i++) acc[i] = (X) + (Y);                                            \
         }                                                                                                 \
     } while (0)
 
@@ -76,13 +77,15 @@ static inline __attribute__((always_inline)) uint16_t f32_to_bf16(float f) {
     static inline __attribute__((always_inline)) void NAME(int op, const void *const *srcs, int n,        \
                                                             void *const *dsts, int nd, size_t count,      \
                                                             int fuse2) {                                  \
-        if (fuse2) { /* 2 sources, 1-2 destinations, sum/avg: one pass, no block */                      \
+        if (fuse2) { /* 2 sources, 1-2 destinations, sum/avg/sum_div: one pass, no block */                      \
             const T *x = (const T *)srcs[0], *y = (const T *)srcs[1];                                     \
             T *d0 = (T *)dsts[0], *d1 = (T *)dsts[nd - 1];                                                \
             if (op == ACC_RED_SUM) {                                                                      \
                 FUSED2(A, LD(x[i]) + LD(y[i]), ST);                                                       \
-            } else {                                                                                      \
+            } else if (op == ACC_RED_AVG) {                                                               \
                 FUSED2(A, (LD(x[i]) + LD(y[i])) / (A)2, ST);                                              \
+            } else { /* SUM_DIV: the sum rounded to T, then halved */                                     \
+                FUSED2(A, LD(ST(LD(x[i]) + LD(y[i]))) / (A)2, ST);                                        \
             }                                                                                             \
             return;                                                                                       \
         }                                                                                                 \
@@ -103,6 +106,9 @@ static inline __attribute__((always_inline)) uint16_t f32_to_bf16(float f) {
             if (op == ACC_RED_AVG) {                                                                      \
                 A dn = (A)n;                                                                              \
                 for (size_t i = 0; i < m; i++) acc[i] = acc[i] / dn;                                      \
+            } else if (op == ACC_RED_SUM_DIV) {                                                           \
+                A dn = (A)n;                                                                              \
+                for (size_t i = 0; i < m; i++) acc[i] = LD(ST(acc[i])) / dn;                              \
             }                                                                                             \
             for (int k = 0; k < nd; k++) {                                                                \
                 T *d = (T *)dsts[k] + b;                                                                  \
@@ -152,8 +158,8 @@ reduce_avx512(acc_dtype dtype, int op, const void *const *srcs, int n, void *con
 int acc_reduce_supported(acc_dtype dtype, acc_redop op) {
     int is_float = dtype == ACC_F32 || dtype == ACC_F64 || dtype == ACC_BF16 || dtype == ACC_F16;
     int is_int = dtype == ACC_I32 || dtype == ACC_I64;
-    if (op < ACC_RED_SUM || op > ACC_RED_MIN) return 0;
-    if (op == ACC_RED_AVG) return is_float;
+    if (op < ACC_RED_SUM || op > ACC_RED_SUM_DIV) return 0;
+    if (op == ACC_RED_AVG || op == ACC_RED_SUM_DIV) return is_float;
     return is_float || is_int;
 }
 
@@ -177,7 +183,7 @@ acc_status acc_reduce_n(acc_dtype dtype, acc_redop op, const void *const *srcs, 
         return ACC_ERR_DTYPE;
     }
     if (nsrc < 1 || count == 0) return ACC_OK;
-    int fuse2 = nsrc == 2 && ndst >= 1 && ndst <= 2 && (op == ACC_RED_SUM || op == ACC_RED_AVG) &&
+    int fuse2 = nsrc == 2 && ndst >= 1 && ndst <= 2 && op != ACC_RED_MAX && op != ACC_RED_MIN &&
                 exact_or_disjoint(srcs, nsrc, dsts, ndst, count * acc_dtype_size(dtype));
     switch (acc_simd_level_get()) {
     case ACC_SIMD_AVX512: reduce_avx512(dtype, op, srcs, nsrc, dsts, ndst, count, fuse2); break;
