@@ -222,6 +222,9 @@ class PartialState:
 
     def destroy_process_group(self, group: Any = None) -> None:
         if self.use_distributed and dist.is_initialized():
+            if group is None:  # the shared-memory groups built over the default group go with it
+                from .comm import release_groups
+                release_groups()
             # A barrier first: a rank tearing gloo down while a peer is still finishing its last
             # collective can abort the peer ("terminate called without an active exception").
             dist.barrier(group=group)
