@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import sys
+from datetime import timedelta
 
 import torch
 
@@ -26,10 +27,13 @@ def main() -> None:
                    help="HF steps schedulers num_processes times per step, so N-vs-1 parity runs without one")
     p.add_argument("--report_group", action="store_true",
                    help="accelerate_c only: write out/group<rank>.txt naming the DDP transport and comm group")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="process-group (and comm) timeout in seconds (default: the library's, 30 min)")
     args = p.parse_args()
     acc = importlib.import_module(args.impl)
+    handlers = [] if args.timeout is None else [acc.InitProcessGroupKwargs(timeout=timedelta(seconds=args.timeout))]
     accelerator = acc.Accelerator(gradient_accumulation_steps=args.grad_accum, mixed_precision=args.mixed_precision,
-                                  cpu=True)
+                                  cpu=True, kwargs_handlers=handlers)
     torch.manual_seed(0)
     n = args.global_batch * args.steps * args.grad_accum
     x = torch.randn(n, 4)
