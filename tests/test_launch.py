@@ -320,6 +320,95 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
     assert not survivors
 
 
+# Rank 0 ends while a gloo collective it issued is still in flight; gloo's worker thread completes it (and
+# runs a Python callback, which needs the GIL) once rank 1 takes part, which rank 1 does only once rank 0's
+# interpreter is in its final teardown (an object freed there says so, and keeps it there) or gone.
+GLOO_AT_EXIT = textwrap.dedent("""
+    import os, sys, time, types
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank, out = dist.get_rank(), sys.argv[1]
+    def exists(name):
+        return os.path.exists(os.path.join(out, name))
+    def gone(pid):
+        try:
+            with open("/proc/%d/stat" % pid) as fh:
+                return fh.read().split(")")[-1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+    if rank == 0:
+        open(os.path.join(out, "pid0"), "w").write(str(os.getpid()))
+        dist.all_reduce(torch.ones(1000), async_op=True).get_future().then(lambda fut: None)
+        class SlowTeardown:
+            def __del__(self):
+                open(os.path.join(out, "rank0_finalizing"), "w").close()
+                deadline = time.monotonic() + 60  # a guard, not a timing check
+                while not exists("rank1_done") and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                time.sleep(0.5)
+        holder = types.ModuleType("slow_teardown")  # freed in the interpreter's teardown, after the script
+        holder.obj = SlowTeardown()
+        sys.modules["slow_teardown"] = holder
+    else:
+        deadline = time.monotonic() + 60
+        while not exists("pid0") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        pid0 = int(open(os.path.join(out, "pid0")).read())
+        while not (exists("rank0_finalizing") or gone(pid0)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        try:
+            dist.all_reduce(torch.ones(1000))
+        except Exception:  # rank 0 may be gone already: fine
+            pass
+        open(os.path.join(out, "rank1_done"), "w").close()
+""")
+
+
+def test_rank_exit_does_not_race_gloo_worker_threads(tmp_path):
+    """Regression: a gloo worker thread that needed the GIL while a finished rank's interpreter finalized
+    aborted that rank ("terminate called without an active exception", SIGABRT), failing a job that had
+    done all its work; now and then in real runs (torch keeps the process group alive after
+    destroy_process_group once an optimizer exists). The rank must leave with exit code 0."""
+    script = tmp_path / "gloo_exit.py"
+    script.write_text(GLOO_AT_EXIT)
+    rc, _, se = finish(cli(["launch", "-q", "--num_processes", "2", "--cpu", str(script), str(tmp_path)], tmp_path))
+    assert rc == 0 and "terminate called" not in se, se
+
+
+EXIT_SCRIPT = textwrap.dedent("""
+    import atexit, os, sys, threading, time
+    out = sys.argv[1]
+    atexit.register(lambda: open(os.path.join(out, "atexit"), "w").write("ran"))
+    def late():
+        time.sleep(0.5)
+        open(os.path.join(out, "thread"), "w").write("joined")
+    threading.Thread(target=late).start()  # not a daemon: exiting waits for it
+    sys._kept_open = open(os.path.join(out, "unflushed"), "w")  # still open (and buffered) at exit
+    sys._kept_open.write("flushed at exit")
+    print("no newline, no flush", end="")
+    sys.exit(int(sys.argv[2]) if sys.argv[2].isdigit() else sys.argv[2])
+""")
+
+
+@pytest.mark.parametrize("code", ["0", "7", "bye from the script"])
+def test_rank_exit_keeps_python_exit_semantics(tmp_path, code):
+    """The rank leaves through os._exit (see _bootstrap.py) but as Python would: SystemExit's code (a
+    non-integer is printed and means 1), non-daemon threads joined, atexit handlers run, files flushed."""
+    script = tmp_path / "exits.py"
+    script.write_text(EXIT_SCRIPT)
+    rc, so, se = finish(cli(["launch", "--num_processes", "1", "--cpu", str(script), str(tmp_path), code],
+                            tmp_path))
+    want = {"0": 0, "7": 7}.get(code, 1)
+    assert rc == (0 if want == 0 else 1), se
+    if want:
+        assert f"exit code {want}" in [ln for ln in se.splitlines() if ln.startswith("accelerate_c launch:")][-1]
+    if want == 1:
+        assert "bye from the script" in se
+    assert "no newline, no flush" in so
+    assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "joined"
+    assert (tmp_path / "unflushed").read_text() == "flushed at exit"
+
+
 def test_host_id_flag(tmp_path, env_script):
     out = tmp_path / "out"
     out.mkdir()
