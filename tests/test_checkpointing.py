@@ -497,7 +497,8 @@ if rank == 1:
     assert torch.equal(torch.get_rng_state(), before)
 dist.barrier()
 dist.destroy_process_group()
-print("OK", rank)
+print("OK", rank, flush=True)
+os._exit(0)  # no interpreter teardown: it can race torch's gloo worker threads (see _bootstrap.py)
 """
 
 

@@ -97,6 +97,12 @@ def main() -> None:
         sys.stderr.flush()
         os._exit(0)
     accelerator.end_training()
+    # Under torchrun (test_parity's comparison with HF) the interpreter's own teardown can race torch's gloo
+    # worker threads and abort this finished process (see accelerate_c/commands/_bootstrap.py, which leaves
+    # the same way for ranks of our launcher).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
