@@ -286,3 +286,8 @@ def main(outdir):
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    # Leave without the interpreter's teardown, which can race torch's gloo worker threads and abort a
+    # finished process (see accelerate_c/commands/_bootstrap.py, which does the same for launched ranks).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

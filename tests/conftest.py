@@ -1,11 +1,16 @@
 # tests/conftest.py: shared helpers: run a script on N CPU processes (torch's elastic launcher for HF
-# Accelerate, ours for accelerate_c), free ports, and a per-test timeout guard.
+# Accelerate, ours for accelerate_c), free ports, and Job: a subprocess whose output goes to files and whose
+# whole process tree is killed when it outlives its timeout (so no test can hang, and a failure shows
+# every process's output).
 # Not for: test logic.
 import os
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 
+import psutil
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,7 +32,73 @@ def clean_env(**extra: str) -> dict:
     return env
 
 
-def run_script(script: str, args: list, nproc: int = 1, launcher: str = "torchrun", timeout: float = 240,
+class Job:
+    """A command started in its own session with stdout and stderr in files under `logdir` (a pipe nobody
+    drains fills up and stalls the writer, and every rank inherits the launcher's). finish_all() waits."""
+
+    def __init__(self, cmd: list, logdir: str, name: str, env: dict | None = None, cwd: str = ROOT) -> None:
+        os.makedirs(logdir, exist_ok=True)
+        self.cmd, self.name = [str(c) for c in cmd], name
+        self.out_path, self.err_path = os.path.join(logdir, f"{name}.out"), os.path.join(logdir, f"{name}.err")
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                                         cwd=cwd, start_new_session=True)
+        self.pid = self.proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def output(self) -> tuple[str, str]:
+        with open(self.out_path, errors="replace") as out, open(self.err_path, errors="replace") as err:
+            return out.read(), err.read()
+
+    def describe(self, tail: int = 4000) -> str:
+        out, err = self.output()
+        return (f"--- {self.name}: {' '.join(self.cmd)}\n--- exit code {self.proc.poll()}\n"
+                f"--- stdout (last {tail} chars):\n{out[-tail:]}\n--- stderr (last {tail} chars):\n{err[-tail:]}")
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def kill_tree(self) -> None:
+        """SIGKILL to this job and every descendant (ranks run in sessions of their own)."""
+        kill_tree(self.pid)
+        self.proc.wait()
+
+
+def kill_tree(pid: int) -> None:
+    try:
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True) + [root]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+
+
+def finish_all(jobs: list, timeout: float) -> list:
+    """Waits for every job (one deadline for all); returns [(returncode, stdout, stderr)]. A job still running
+    at the deadline fails the test: every job's tree is killed and every job's output shown."""
+    deadline = time.monotonic() + timeout
+    while any(j.poll() is None for j in jobs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    late = [j.name for j in jobs if j.poll() is None]
+    if late:
+        for j in jobs:
+            j.kill_tree()
+        pytest.fail(f"{', '.join(late)} still running after {timeout} s (killed)\n" + describe_all(jobs))
+    return [(j.proc.returncode, *j.output()) for j in jobs]
+
+
+def describe_all(jobs: list) -> str:
+    return "\n".join(j.describe() for j in jobs)
+
+
+def run_script(script: str, args: list, nproc: int = 1, launcher: str = "torchrun", timeout: float = 300,
                env: dict | None = None) -> subprocess.CompletedProcess:
     """Runs tests/scripts/<script> on nproc processes; returns the completed process (raises on failure)."""
     path = os.path.join(SCRIPTS, script)
@@ -41,10 +112,12 @@ def run_script(script: str, args: list, nproc: int = 1, launcher: str = "torchru
     else:
         cmd = [sys.executable, "-m", "accelerate_c", "launch", "--num_processes", str(nproc),
                "--main_process_port", "0", path, *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    return proc
+    with tempfile.TemporaryDirectory(prefix="run_script_") as logdir:
+        job = Job(cmd, logdir, "run", env)
+        (rc, out, err), = finish_all([job], timeout)
+        if rc != 0:
+            raise AssertionError(f"{' '.join(cmd)} failed ({rc}):\n{out[-3000:]}\n{err[-5000:]}")
+    return subprocess.CompletedProcess(cmd, rc, out, err)
 
 
 def alive(pid: int) -> bool:

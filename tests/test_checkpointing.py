@@ -6,9 +6,7 @@ import json
 import os
 import pickle
 import random
-import signal
 import socket
-import subprocess
 import sys
 import textwrap
 import time
@@ -23,6 +21,7 @@ from accelerate_c.checkpointing import (CheckpointError, decode, encode, load_st
 from accelerate_c.checkpointing import atomic
 from accelerate_c.utils.dataclasses import ProjectConfiguration
 from bitwise import same
+from conftest import Job, describe_all, finish_all
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -373,17 +372,15 @@ def test_sigkill_during_save_leaves_a_complete_checkpoint(tmp_path, mode):
     save_state(old, ckpt)
     script = tmp_path / "kill.py"
     script.write_text(KILL_SCRIPT.format(repo=REPO, tests=os.path.dirname(__file__)))
-    proc = subprocess.Popen([sys.executable, str(script), mode, ckpt, flag])
+    job = Job([sys.executable, str(script), mode, ckpt, flag], str(tmp_path / "logs"), "kill")
     try:
-        deadline = time.time() + 60
+        deadline = time.monotonic() + 300  # a guard against a hang, not a timing check
         while not os.path.exists(flag):
-            assert proc.poll() is None and time.time() < deadline, "child ended before reaching the kill point"
+            assert job.poll() is None and time.monotonic() < deadline, \
+                "child ended (or hung) before reaching the kill point\n" + job.describe()
             time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        job.kill_tree()
     new = FakeAccelerator(seed=5)
     load_state(new, ckpt)
     if mode == "write":  # the old checkpoint, untouched
@@ -488,7 +485,8 @@ if rank == 1:
     assert torch.equal(torch.get_rng_state(), before)
 dist.barrier()
 dist.destroy_process_group()
-print("OK", rank)
+print("OK", rank, flush=True)
+os._exit(0)  # no interpreter teardown: it can race torch's gloo worker threads (see _bootstrap.py)
 """
 
 
@@ -504,18 +502,11 @@ def test_two_process_gloo_rng_per_rank(tmp_path):
     script.write_text(GLOO_SCRIPT.format(repo=REPO, tests=os.path.dirname(__file__)))
     out = str(tmp_path / "ck")
     port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), port, out, single],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=90)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for r, (p, text) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0 and f"OK {r}" in text, "\n".join(outputs)
+    jobs = [Job([sys.executable, str(script), str(r), port, out, single], str(tmp_path / "logs"), f"rank{r}")
+            for r in range(2)]
+    results = finish_all(jobs, 300)  # output in files, both shown on failure; a hang is killed at the guard
+    for r, (rc, text, _) in enumerate(results):
+        assert rc == 0 and f"OK {r}" in text, describe_all(jobs)
     assert {"random_states_0.json", "random_states_1.json", "dataloader_states_1.json"} <= set(os.listdir(out))
     assert read_checkpoint_info(out)["world_size"] == 2
     # 2-process checkpoint loaded by one process: model/optimizer restored, warns about the world size.

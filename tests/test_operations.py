@@ -4,7 +4,6 @@
 import json
 import os
 import socket
-import subprocess
 import sys
 from collections import namedtuple
 
@@ -13,6 +12,7 @@ import torch
 
 import accelerate.utils.operations as hops
 from accelerate_c.utils import operations as ops
+from conftest import Job, describe_all, finish_all
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,25 +27,16 @@ def _free_port():
 def dist_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
     port = _free_port()
-    procs = []
+    jobs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1",
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.pop("ACCELERATE_DEBUG_MODE", None)
-        procs.append(subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "_dist_worker.py"), str(out)],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=120)[0].decode(errors="replace"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for rank, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {rank} failed:\n{logs[rank][-4000:]}"
+        jobs.append(Job([sys.executable, os.path.join(ROOT, "tests", "_dist_worker.py"), str(out)], str(out / "logs"),
+                        f"rank{rank}", env))
+    results = finish_all(jobs, 300)  # output in files, both shown on failure; a hang is killed at the guard
+    assert all(rc == 0 for rc, _, _ in results), describe_all(jobs)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 

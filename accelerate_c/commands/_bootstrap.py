@@ -2,10 +2,20 @@
 # writes torch elastic's error file (TORCHELASTIC_ERROR_FILE) so the launcher can name the exception of
 # the failed rank. Run as a plain file (`python _bootstrap.py ...`), so it imports nothing of
 # accelerate_c or torch itself. Not for: setting up distributed state (the script/Accelerator does).
+#
+# The rank then leaves without the interpreter's final teardown (see _leave): torch's gloo worker threads
+# outlive destroy_process_group (torch keeps the process group referenced once e.g. an optimizer imported
+# torch._dynamo), and one that drops a finished collective's tensors while the interpreter finalizes needs
+# the GIL, gets pthread_exit from CPython inside a noexcept destructor, and std::terminate aborts the rank
+# ("terminate called without an active exception", exit -6) after it finished its work.
+import atexit
+import gc
+import io
 import json
 import os
 import runpy
 import sys
+import threading
 import time
 import traceback
 
@@ -45,6 +55,7 @@ def main() -> None:
     argv = sys.argv[1:]
     if not argv:
         sys.exit("usage: _bootstrap.py (SCRIPT | -m MODULE) [ARGS...]")
+    code: object = 0
     try:
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
@@ -54,7 +65,9 @@ def main() -> None:
             sys.argv = list(argv)
             sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))  # what `python script.py` puts first
             runpy.run_path(argv[0], run_name="__main__")
-    except (SystemExit, KeyboardInterrupt):
+    except SystemExit as exc:
+        code = exc.code
+    except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - recorded, printed like python would, exit code 1
         _record(exc)
@@ -62,8 +75,39 @@ def main() -> None:
         while tb is not None and _is_ours(tb.tb_frame.f_code.co_filename):
             tb = tb.tb_next  # hide this file's and runpy's frames: the user's code comes first
         traceback.print_exception(type(exc), exc, tb)
-        sys.stderr.flush()
-        sys.exit(1)
+        del exc, tb
+        code = 1
+    _leave(code)
+
+
+def _leave(code: object) -> None:
+    """Exits as the interpreter would (SystemExit's code rules, non-daemon threads joined, atexit handlers
+    run, open files flushed), then os._exit instead of the interpreter's final teardown (see the header).
+    The script's own globals are already freed: runpy ran it in a temporary module."""
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code & 0xFF
+    else:
+        print(code, file=sys.stderr)
+        status = 1
+    shutdown = getattr(threading, "_shutdown", None)  # what Py_Finalize calls first (joins, executor exits)
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+    gc.collect()
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, io.IOBase) and not obj.closed and obj.writable():
+                obj.flush()
+        except Exception:  # noqa: BLE001 - a broken file must not change the rank's exit status
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    os._exit(status)
 
 
 def _is_ours(filename: str) -> bool:

@@ -21,7 +21,7 @@ import tempfile
 import uuid
 from typing import Any, Iterator
 
-from .watchdog import FailureWatch
+from .watchdog import FailureWatch, stopped_line
 from .config_args import ClusterConfig, ConfigError, find_default_config, load_config, parse_rdzv_conf
 from .config_flags import HelpFormatter, add_config_flags, add_flag, apply_flags
 
@@ -30,6 +30,7 @@ DEFAULT_MULTI_MACHINE_PORT = 29500  # HF's default when several machines must ag
 SHUTDOWN_TIMEOUT_S = 5  # SIGTERM -> SIGKILL grace for the ranks, so a failure ends the job well within 30 s
 # The loggers of torch's launch stack that run in this (the launcher's) process; `-q` silences them.
 TORCH_LAUNCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
+RDZV_TIMEOUT_ENV = "ACCELERATE_C_RDZV_TIMEOUT"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -163,8 +164,25 @@ def rendezvous(cfg: ClusterConfig) -> dict[str, Any]:
     port = port or DEFAULT_MULTI_MACHINE_PORT
     # Every machine must use the same run id: the static store prefixes its keys with it.
     conf: dict[str, Any] = {"rank": cfg.machine_rank} if cfg.rdzv_backend == "static" else {}
+    conf.update(_rdzv_timeout())
     return dict(rdzv_backend=cfg.rdzv_backend, rdzv_endpoint=f"{ip}:{port}", rdzv_configs=conf,
                 run_id=f"accelerate_c-{ip}-{port}", local_addr=None)
+
+
+def _rdzv_timeout() -> dict[str, int]:
+    """ACCELERATE_C_RDZV_TIMEOUT (seconds): how long the machines wait for each other at the rendezvous
+    (torch's default: 900 for c10d, 600 for static). Tests set it short."""
+    raw = os.environ.get(RDZV_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return {}
+    try:
+        seconds = int(raw)
+    except ValueError:
+        seconds = 0
+    if seconds <= 0:
+        raise ConfigError(f"environment variable {RDZV_TIMEOUT_ENV}={raw!r}: allowed: a whole number of "
+                          "seconds > 0")
+    return {"timeout": seconds}
 
 
 def _entry(args: argparse.Namespace) -> tuple[str, list[str]]:
@@ -210,6 +228,29 @@ def launch_command(args: argparse.Namespace) -> int:
     nproc = cfg.num_processes // cfg.num_machines
     rdzv = rendezvous(cfg)
     rdzv["rdzv_configs"] = {**rdzv["rdzv_configs"], **parse_rdzv_conf(cfg.rdzv_conf)}  # --rdzv_conf wins
+    log_dir = tempfile.mkdtemp(prefix="accelerate_c_launch_")
+    watch = None
+    if cfg.num_machines > 1:  # first, so that every later failure of this launcher reaches the other machines
+        host, port = rdzv["rdzv_endpoint"].rsplit(":", 1)
+        watch = FailureWatch(host, int(port), rdzv["run_id"], cfg.machine_rank, cfg.num_machines,
+                             grace_s=2 * SHUTDOWN_TIMEOUT_S + 10,
+                             on_forced_exit=lambda: shutil.rmtree(log_dir, ignore_errors=True))
+        watch.start()
+    try:
+        return _launch(args, cfg, nproc, rdzv, log_dir, watch)
+    except BaseException as exc:  # not a rank's failure: a rendezvous error, a missing script, a bug here
+        if watch is not None and watch.remote is None:
+            watch.post(f"the launcher failed: {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        if watch is not None:
+            watch.stop()
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _launch(args: argparse.Namespace, cfg: ClusterConfig, nproc: int, rdzv: dict[str, Any], log_dir: str,
+            watch: FailureWatch | None) -> int:
+    """Runs the agent; a failed rank or a signal becomes one line on stderr (and the other machines' notice)."""
     entrypoint, argv = _entry(args)
     env = rank_env(cfg, args, nproc, rdzv["run_id"])
 
@@ -219,7 +260,6 @@ def launch_command(args: argparse.Namespace) -> int:
 
     if args.quiet:
         quiet_torch_logs()
-    log_dir = tempfile.mkdtemp(prefix="accelerate_c_launch_")
     lc = LaunchConfig(min_nodes=cfg.num_machines, max_nodes=cfg.num_machines, nproc_per_node=nproc,
                       logs_specs=DefaultLogsSpecs(log_dir=cfg.log_dir or log_dir, tee=Std.from_str(cfg.tee)),
                       role="accelerate_c", max_restarts=cfg.max_restarts, monitor_interval=cfg.monitor_interval,
@@ -230,11 +270,9 @@ def launch_command(args: argparse.Namespace) -> int:
         # process-group keys (peer addresses) are still present: fresh store per attempt instead (rank 0
         # then hosts it, so scripts should call destroy_process_group() before exiting, as torch advises).
         agent_env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    watch = None
-    if cfg.num_machines > 1:
-        host, port = rdzv["rdzv_endpoint"].rsplit(":", 1)
-        watch = FailureWatch(host, int(port), rdzv["run_id"], cfg.machine_rank, cfg.num_machines)
-        watch.start()
+    # The agent turns SIGTERM into SignalException only once its ranks start; from here on, so that a stop
+    # during the rendezvous (a cross-machine notice, a user's SIGTERM) also ends through the lines below.
+    signal.signal(signal.SIGTERM, _raise_signal_exception)
     try:
         with _patched_environ(agent_env):
             elastic_launch(lc, entrypoint)(*argv)
@@ -247,12 +285,15 @@ def launch_command(args: argparse.Namespace) -> int:
         return 1
     except SignalException as exc:
         if watch is not None and watch.remote:
-            print(f"accelerate_c launch: stopped this machine's ranks because {watch.remote}", file=sys.stderr,
-                  flush=True)
+            print(stopped_line(watch.remote), file=sys.stderr, flush=True)
             return 1
         print(f"accelerate_c launch: received {exc.sigval.name}; all ranks were stopped", file=sys.stderr, flush=True)
-        return 128 + int(exc.sigval)
-    finally:
         if watch is not None:
-            watch.stop()
-        shutil.rmtree(log_dir, ignore_errors=True)
+            watch.post(f"its launcher received {exc.sigval.name}")
+        return 128 + int(exc.sigval)
+
+
+def _raise_signal_exception(signum: int, frame: Any) -> None:
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))

@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import sys
+from datetime import timedelta
 
 import torch
 
@@ -27,11 +28,15 @@ def main() -> None:
     p.add_argument("--comm_hook", default="no", help="DistributedDataParallelKwargs(comm_hook=...): no|fp16|bf16")
     p.add_argument("--report_group", action="store_true",
                    help="accelerate_c only: write out/group<rank>.txt naming the DDP transport and comm group")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="process-group (and comm) timeout in seconds (default: the library's, 30 min)")
     args = p.parse_args()
     acc = importlib.import_module(args.impl)
     # the enum: HF's hook table is keyed by DDPCommunicationHookType, and a plain string is silently ignored there
     hook = acc.DDPCommunicationHookType(args.comm_hook)
     handlers = [acc.DistributedDataParallelKwargs(comm_hook=hook)] if args.comm_hook != "no" else []
+    if args.timeout is not None:
+        handlers.append(acc.InitProcessGroupKwargs(timeout=timedelta(seconds=args.timeout)))
     accelerator = acc.Accelerator(gradient_accumulation_steps=args.grad_accum, mixed_precision=args.mixed_precision,
                                   cpu=True, kwargs_handlers=handlers)
     torch.manual_seed(0)
@@ -97,6 +102,12 @@ def main() -> None:
         sys.stderr.flush()
         os._exit(0)
     accelerator.end_training()
+    # Under torchrun (test_parity's comparison with HF) the interpreter's own teardown can race torch's gloo
+    # worker threads and abort this finished process (see accelerate_c/commands/_bootstrap.py, which leaves
+    # the same way for ranks of our launcher).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
