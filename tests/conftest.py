@@ -23,11 +23,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_EMPTY_DIR = tempfile.mkdtemp(prefix="accelerate_c_tests_cfg_")
+
+
 def clean_env(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "LOCAL_RANK", "WORLD_SIZE",
                                                                     "MASTER_", "LOCAL_WORLD_SIZE"))}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env["OMP_NUM_THREADS"] = "1"
+    # no default config file of the machine's (ours or HF's) may change what a test launches
+    env["ACCELERATE_C_CONFIG_DIR"] = _EMPTY_DIR
+    env["HF_HOME"] = _EMPTY_DIR
     env.update(extra)
     return env
 
