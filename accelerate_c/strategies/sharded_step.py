@@ -235,10 +235,13 @@ class OptimizerShard:
 
 def state_keys(optimizer: torch.optim.Optimizer) -> Optional[tuple[str, ...]]:
     """The per-parameter state tensors the fused kernels keep for this optimizer, or None when the sharded
-    step cannot apply (another optimizer class)."""
+    step cannot apply (another optimizer class, or low-precision state: then every rank steps everything,
+    which gives the same bits since gradients, params and state are identical on every rank)."""
     from ..optim._fused import optimizer_kind
 
     kind = optimizer_kind(optimizer)
+    if any(g.get("state_dtype", "float32") != "float32" for g in optimizer.param_groups):
+        return None  # bf16 / 8-bit state (optim/lowbit.py): its region is not fp32 per key; every rank steps all
     if kind == "adam":
         amsgrad = any(g.get("amsgrad", False) for g in optimizer.param_groups)
         return ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ())
