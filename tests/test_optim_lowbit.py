@@ -510,12 +510,11 @@ def test_quantisation_error_below_published_figures():
 
 
 def test_short_convergence_demo_gpt():
-    """The demo GPT (small), 40 steps: bf16 and 8-bit state end within 2 % of fp32 state's loss (the 300-step run
+    """The demo GPT (small) on its corpus, 40 steps: bf16 and 8-bit state end within 2 % of fp32 state's loss (the 300-step run
     with its 1 % target is benchmarks/convergence.py --optim)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
     import train_gpt
-    data = torch.randint(0, 256, (50_000,), generator=torch.Generator().manual_seed(0))
-    data = torch.cat([data[:2000]] * 25)  # a repeating corpus: learnable in a few steps
+    data = train_gpt.load_corpus(200_000)
     final = {}
     for sd in (torch.float32, torch.bfloat16, "8bit"):
         torch.manual_seed(0)
@@ -534,6 +533,6 @@ def test_short_convergence_demo_gpt():
             losses.append(loss.item())
         final[str(sd)] = sum(losses[-10:]) / 10
     base = final["torch.float32"]
-    assert base < 5.0, final  # it learned (uniform bytes: ln 256 = 5.55)
+    assert base < 4.0, final  # it learned (uniform bytes: ln 256 = 5.55)
     for k, v in final.items():
         assert abs(v - base) / base < 0.02, final
