@@ -536,3 +536,13 @@ def test_short_convergence_demo_gpt():
     assert base < 4.0, final  # it learned (uniform bytes: ln 256 = 5.55)
     for k, v in final.items():
         assert abs(v - base) / base < 0.02, final
+
+
+def test_estimate_memory_knows_the_state_sizes():
+    from accelerate_c.commands.estimate import count, training_bytes
+    counts = count(Net())
+    psi, nt = counts.trainable, counts.trainable_tensors
+    assert training_bytes(counts, "float32", "adam")["optimizer"] == 8 * psi + 4 * nt
+    assert training_bytes(counts, "float32", "adam-bf16-state")["optimizer"] == 4 * psi + 4 * nt
+    assert training_bytes(counts, "float32", "adam-8bit")["optimizer"] == pytest.approx((2 + 8 / 256) * psi + 4 * nt)
+    assert training_bytes(counts, "bfloat16", "adam-8bit")["optimizer"] == pytest.approx((6 + 8 / 256) * psi + 4 * nt)
