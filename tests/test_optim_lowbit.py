@@ -474,21 +474,28 @@ def test_prepare_mixed_precision_and_clipping(precision):
     same(opt.state_dict()["state"], ropt.state_dict()["state"])
 
 
-def test_two_process_ddp_split_step_falls_back_bitwise(tmp_path, run):
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_ddp_split_step_equals_unsplit(tmp_path, run, nproc):
+    """DDP over shared memory splits the optimizer step between the ranks (strategies/sharded_step.py): with 8-bit
+    state each rank requantises whole blocks of its slice, with bf16 state rounds with the slice's logical
+    indices; every param, the state_dict (codes, scales) and every rank equal the unsplit step's bits."""
     args = ["--out"]
-    run("optim_lowbit_ddp.py", args + [str(tmp_path / "split")], nproc=2, launcher="accelerate_c")
-    run("optim_lowbit_ddp.py", args + [str(tmp_path / "whole")], nproc=2, launcher="accelerate_c",
+    run("optim_lowbit_ddp.py", args + [str(tmp_path / "split")], nproc=nproc, launcher="accelerate_c")
+    run("optim_lowbit_ddp.py", args + [str(tmp_path / "whole")], nproc=nproc, launcher="accelerate_c",
         env={"ACCELERATE_C_SHARDED_STEP": "0"})
     for name in ("8bit", "bfloat16"):
         recs = {(mode, r): torch.load(tmp_path / mode / f"{name}.rank{r}.pt", weights_only=False)
-                for mode in ("split", "whole") for r in (0, 1)}
-        assert not recs["split", 0]["sharded"] and not recs["whole", 0]["sharded"]
-        for r in (0, 1):
+                for mode in ("split", "whole") for r in range(nproc)}
+        assert recs["split", 0]["sharded"] and not recs["whole", 0]["sharded"]
+        for r in range(nproc):
             same(recs["split", r]["params"], recs["whole", r]["params"], f"{name} rank {r}")
             same(recs["split", r]["optimizer"], recs["whole", r]["optimizer"], f"{name} rank {r} optimizer")
-        same(recs["split", 1]["params"], recs["split", 0]["params"], f"{name}: ranks agree")
-        assert recs["split", 0]["layouts"] == {"8bit": ["8bit", "float32", "float32", "float32"],
+            same(recs["split", r]["params"], recs["split", 0]["params"], f"{name}: ranks agree")
+        assert recs["split", 0]["layouts"] == {"8bit": ["8bit", "float32", "8bit", "float32"],
                                                "bfloat16": ["bfloat16"] * 4}[name]
+        cuts = recs["split", 0]["cuts"]
+        if name == "8bit":  # the 8-bit params' cuts fall on blocks (one is inside each, or the split is moot)
+            assert all(a % 256 == 0 for a, _ in cuts[0]) and any(0 < a < 5120 for a, _ in cuts[0]), cuts
 
 
 # -------------------------------------------------------------------------------------------- quality figures

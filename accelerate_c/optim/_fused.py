@@ -170,15 +170,18 @@ def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, gra
             return False
         default_decoupled = isinstance(opt, torch.optim.AdamW)
         mirrors: list = [None] * len(lists)
+        offsets: list = [None] * len(lists)
         if shard is not None:
             shard.begin()
-            for j, (params, grads, ms, vs, maxs, steps, lps, _low) in enumerate(lists):
-                c, mirrors[j] = shard.slice_lists(opt, params, grads, {"exp_avg": ms, "exp_avg_sq": vs,
-                                                                       "max_exp_avg_sq": maxs or None}, lps)
+            for j, (params, grads, ms, vs, maxs, steps, lps, low) in enumerate(lists):
+                keyed = {"exp_avg": ms, "exp_avg_sq": vs, "max_exp_avg_sq": maxs or None}
+                if low is not None:
+                    keyed.update(exp_avg_absmax=low[0], exp_avg_sq_absmax=low[1])
+                c, mirrors[j], offsets[j] = shard.slice_lists(opt, params, grads, keyed, lps)
                 cut += c
-        for g, (params, grads, ms, vs, maxs, steps, lps, low), mir in zip(groups, lists, mirrors):
+        for g, (params, grads, ms, vs, maxs, steps, lps, low), mir, offs in zip(groups, lists, mirrors, offsets):
             b1, b2 = g["betas"]
-            extra = (mir,) if low is None else (mir, low[0], low[1], None, low[2])
+            extra = (mir,) if low is None else (mir, low[0], low[1], offs, low[2])
             _C.adam_step(params, grads, ms, vs, maxs, steps, lps, _num(g["lr"]), _num(b1), _num(b2), float(g["eps"]),
                          _num(g["weight_decay"]), bool(g.get("decoupled_weight_decay", default_decoupled)),
                          bool(g["amsgrad"]), bool(g["maximize"]), scale, nthreads,
@@ -201,7 +204,7 @@ def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, gra
                             opt.state[p]["momentum_buffer"] = bufs[i]
             mir = None
             if shard is not None:
-                c, mir = shard.slice_lists(opt, params, grads, {"momentum_buffer": bufs if use_mom else None}, lps)
+                c, mir, _ = shard.slice_lists(opt, params, grads, {"momentum_buffer": bufs if use_mom else None}, lps)
                 cut += c
             _C.sgd_step(params, grads, bufs if use_mom else None, inits, lps, _num(g["lr"]), float(g["momentum"]),
                         float(g["dampening"]), _num(g["weight_decay"]), bool(g["nesterov"]), bool(g["maximize"]),
