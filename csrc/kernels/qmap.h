@@ -77,9 +77,11 @@ static inline float acc_q_decode(const acc_qmap *q, int is_signed, uint8_t c, fl
     return acc_u2f(acc_f2u(v) | ((uint32_t)(c & 0x80u) << 24)) * absmax;
 }
 
-/* The inverse scale of a block: 1/absmax, or 0 for an all-zero block. absmax is the largest |x| compared as
- * bit patterns (order-independent, NaN included), so every path and thread split finds the same one. */
-static inline float acc_q_inverse(float absmax) { return absmax == 0.0f ? 0.0f : 1.0f / absmax; }
+/* The inverse scale of a block: 1/absmax, or 0 for a block whose absmax is zero or subnormal (its values are
+ * below 1.2e-38: they become zero codes). absmax is the largest |x| compared as bit patterns (order-independent,
+ * NaN included), so every path and thread split finds the same one. With a normal absmax, a = |x| * inv is at
+ * most 1 + 2^-23 (or NaN), so the upper clamp of the code index never acts: the SIMD paths leave it out. */
+static inline float acc_q_inverse(float absmax) { return absmax < 0x1p-126f ? 0.0f : 1.0f / absmax; }
 
 /* ---- bf16 state: the random bits of its stochastic rounding ---------------------------------------------
  * A counter-based hash of the element's index within its tensor and a per-(tensor, step) seed: the bits do not
