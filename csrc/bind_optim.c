@@ -405,10 +405,10 @@ static PyObject *py_qmap_tables(PyObject *module, PyObject *const *args, Py_ssiz
     int sg = PyObject_IsTrue(args[0]);
     if (sg < 0) return NULL;
     const acc_qmap *q = acc_qmap_get(sg);
-    return Py_BuildValue("{s:i,s:N,s:N,s:N,s:N,s:N,s:N,s:N}", "nd", q->nd, "thr", float_list(q->thr, q->nd),
+    return Py_BuildValue("{s:i,s:N,s:N,s:N,s:N,s:N,s:N}", "nd", q->nd, "thr", float_list(q->thr, q->nd),
                          "k1", float_list(q->k1, q->nd), "k0", float_list(q->k0, q->nd),
-                         "top", float_list(q->top, q->nd), "step", float_list(q->step, q->nd),
-                         "ten", float_list(q->ten, q->nd), "code", code_list(q, sg));
+                         "step", float_list(q->step, q->nd), "off", float_list(q->off, q->nd),
+                         "code", code_list(q, sg));
 }
 
 PyMethodDef acc_optim_methods[] = {

@@ -42,27 +42,33 @@ def ref_tables(signed):
     ten_neg = [1e0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7]
     ten_pos = [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7]
     thr = [0.0] + [f32(ten_neg[k]) for k in range(1, nd)]
-    k1, k0, top, step, ten = [], [], [], [], []
+    k1, k0, step, off = [], [], [], []
     for e in range(nd):
         n = float(1 << (nd - 1 - e))
         k1.append(f32(ten_pos[e] * n / 0.9) if e < nd - 1 else f32(ten_pos[e]))
         k0.append(f32(8.0 * n / 9.0 - 1.0) if e < nd - 1 else 0.0)
     for d in range(nd):
         n = float(1 << d)
-        top.append(2.0 * n - 1.0)
         step.append(f32(0.9 / (n * ten_pos[nd - 1 - d])))
-        ten.append(f32(ten_neg[nd - 1 - d]))
-    return dict(nd=nd, thr=thr, k1=k1, k0=k0, top=top, step=step, ten=ten)
+        off.append(f32(f32(ten_neg[nd - 1 - d]) - (2.0 * n - 1.0) * step[-1]))
+    return dict(nd=nd, thr=thr, k1=k1, k0=k0, step=step, off=off)
 
 
-def ref_values(signed):
-    """The 2^nd normalised magnitudes: fmaf(idx - top, step, ten), exact in float64 then rounded once."""
+def _fma32(a, b, c):
+    """fmaf on float32 tensors: a*b + c is exact in float64 for these operands (a an 8-bit integer), then one
+    rounding to float32."""
+    return (a.double() * b.double() + c.double()).float()
+
+
+def ref_values(signed, absmax=None):
+    """The 2^nd magnitudes: fmaf(idx, STEP[d] * absmax, OFF[d] * absmax) (absmax None: normalised, 1.0)."""
     t = ref_tables(signed)
-    vals = [0.0]
-    for idx in range(1, 1 << t["nd"]):
-        d = idx.bit_length() - 1
-        vals.append((idx - t["top"][d]) * t["step"][d] + t["ten"][d])
-    return torch.tensor(vals, dtype=torch.float64).float()
+    idx = torch.arange(1 << t["nd"])
+    d = torch.clamp(torch.floor(torch.log2(idx.clamp(min=1).double())).long(), 0)
+    a = torch.ones(()) if absmax is None else absmax
+    s = torch.tensor(t["step"])[d] * a
+    o = torch.tensor(t["off"])[d] * a
+    return torch.where(idx == 0, torch.zeros(()), _fma32(idx.float(), s, o))
 
 
 def ref_quantize(x, signed):
@@ -88,11 +94,16 @@ def ref_quantize(x, signed):
 
 def ref_dequantize(codes, absmax, signed):
     c = codes.reshape(-1).to(torch.int64)
-    vals = ref_values(signed)
-    v = vals[c & 0x7F] if signed else vals[c]
+    t = ref_tables(signed)
+    idx = (c & 0x7F) if signed else c
+    d = torch.clamp(torch.floor(torch.log2(idx.clamp(min=1).double())).long(), 0)
+    a = absmax.repeat_interleave(256)[:c.numel()]
+    s = torch.tensor(t["step"])[d] * a  # float32 products, as the kernel's per-block tables
+    o = torch.tensor(t["off"])[d] * a
+    v = torch.where(idx == 0, torch.zeros(()), _fma32(idx.float(), s, o))
     if signed:
         v = torch.where(c >= 128, -v, v)
-    return (v * absmax.repeat_interleave(256)[:c.numel()]).view(codes.shape)
+    return v.view(codes.shape)
 
 
 def ref_hash(index, seed):
@@ -131,7 +142,7 @@ KW = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.05)
 def test_map_matches_definition(signed):
     got = C.qmap_tables(signed)
     ref = ref_tables(signed)
-    for k in ("thr", "k1", "k0", "top", "step", "ten"):
+    for k in ("thr", "k1", "k0", "step", "off"):
         assert got[k] == ref[k], k
     vals = ref_values(signed)
     code = torch.tensor(got["code"])

@@ -32,9 +32,8 @@ static void build(acc_qmap *q, int nd) {
     for (int d = 0; d < nd; d++) {
         int e = nd - 1 - d;
         double n = (double)(1 << d);
-        q->top[d] = (float)(2.0 * n - 1.0);
         q->step[d] = (float)(0.9 / (n * ten_pos[e]));
-        q->ten[d] = (float)ten_neg[e];
+        q->off[d] = (float)((double)(float)ten_neg[e] - (2.0 * n - 1.0) * (double)q->step[d]);
     }
 }
 

@@ -12,10 +12,12 @@
  *   unsigned (exp_avg_sq): byte = idx, idx in 0..255, ND = 8 decades
  * idx 0 is zero. For idx >= 1 let d = floor(log2 idx) (0 .. ND-1), e = ND-1-d (the decade) and n = 2^d; then
  *   value(idx) = 10^-e * (0.1 + 0.9 * (idx - n + 1) / n)
- * so decade e holds n evenly spaced values in (10^-(e+1), 10^-e], its top value is exactly 10^-e (1.0 for the
- * largest code) and its lowest step continues to the decade below. In fp32 (the definition used everywhere):
- *   value(idx) = fmaf((float)idx - TOP[d], STEP[d], TEN[d]),  TOP = 2n-1, STEP = fl(0.9 / (n * 10^e)),
- *   TEN = fl(10^-e)  (a single rounding of an exact expression; see acc_qmap_tables()).
+ * so decade e holds n evenly spaced values in (10^-(e+1), 10^-e], its top value is 10^-e (1.0 for the largest
+ * code) and its lowest step continues to the decade below. In fp32 (the definition used everywhere), a block
+ * with scale absmax decodes idx as
+ *   fmaf((float)idx, STEP[d] * absmax, OFF[d] * absmax)   (the two products rounded to fp32 once per block),
+ *   STEP = fl(0.9 / (n * 10^e)), OFF = fl(fl(10^-e) - (2n-1) * STEP)   (see acc_qmap_tables()),
+ * so the normalised code values (absmax = 1) are fmaf(idx, STEP, OFF), within 2e-6 of the formula above.
  * Quantise a in [0, 1]: the decade e = #{k in 1..ND-1 : a <= fl(10^-k)}; then
  *   idx = rint(clamp(fmaf(a, K1[e], K0[e]), 0, 2^ND - 1)),  K1 = fl(10^e n / 0.9), K0 = fl(8n/9 - 1)
  * (idx = n + j - 1 with j the real position on decade e's grid: nearest code up to ~1e-5 of a step; NaN -> 0);
@@ -39,7 +41,7 @@ typedef struct {
     int nd;         /* decades: 7 (signed) or 8 (unsigned) */
     float thr[8];   /* thr[k] = fl(10^-k), k = 1 .. nd-1 (thr[0] unused) */
     float k1[8], k0[8];       /* by decade e */
-    float top[8], step[8], ten[8]; /* by d */
+    float step[8], off[8];    /* by d */
 } acc_qmap;
 
 /* The two maps (built once, on first use, thread-safe). */
@@ -57,12 +59,14 @@ static inline uint32_t acc_q_index(const acc_qmap *q, float a) {
     return (uint32_t)lrintf(r);
 }
 
-/* magnitude index -> normalised value */
-static inline float acc_q_value(const acc_qmap *q, uint32_t idx) {
+/* magnitude index -> value, with the block's scaled tables (step[d] * absmax, off[d] * absmax) */
+static inline float acc_q_value_scaled(const acc_qmap *q, uint32_t idx, float absmax) {
     if (idx == 0) return 0.0f;
     int d = 31 - __builtin_clz(idx);
-    return fmaf((float)idx - q->top[d], q->step[d], q->ten[d]);
+    return fmaf((float)idx, q->step[d] * absmax, q->off[d] * absmax);
 }
+
+static inline float acc_q_value(const acc_qmap *q, uint32_t idx) { return acc_q_value_scaled(q, idx, 1.0f); }
 
 /* One element: x (fp32 state value) with the block's inverse absmax -> code byte. */
 static inline uint8_t acc_q_encode(const acc_qmap *q, int is_signed, float x, float inv) {
@@ -72,9 +76,9 @@ static inline uint8_t acc_q_encode(const acc_qmap *q, int is_signed, float x, fl
 }
 
 static inline float acc_q_decode(const acc_qmap *q, int is_signed, uint8_t c, float absmax) {
-    if (!is_signed) return acc_q_value(q, c) * absmax;
-    float v = acc_q_value(q, c & 0x7fu);
-    return acc_u2f(acc_f2u(v) | ((uint32_t)(c & 0x80u) << 24)) * absmax;
+    if (!is_signed) return acc_q_value_scaled(q, c, absmax);
+    float v = acc_q_value_scaled(q, c & 0x7fu, absmax);
+    return acc_u2f(acc_f2u(v) | ((uint32_t)(c & 0x80u) << 24));
 }
 
 /* The inverse scale of a block: 1/absmax, or 0 for a block whose absmax is zero or subnormal (its values are
