@@ -97,7 +97,8 @@ def optim_main(args: argparse.Namespace) -> None:
     for key, signed in (("exp_avg", True), ("exp_avg_sq", False)):
         e = [roundtrip_error(st[key].reshape(-1), signed) for st in big]
         w = [st[key].numel() for st in big]
-        errs[f"demo {key} after {steps} fp32 steps"] = tuple(sum(x[i] * n for x, n in zip(e, w)) / sum(w) for i in (0, 1))
+        errs[f"demo {key} after {steps} fp32 steps"] = tuple(sum(x[i] * n for x, n in zip(e, w)) / sum(w)
+                                                             for i in (0, 1))
     lines += ["", "| 8-bit round trip (block 256) | mean abs error | mean rel error |", "|---|---|---|"]
     lines += [f"| {k} | {a:.3g} | {r:.3g} |" for k, (a, r) in errs.items()]
     lines += ["", f"{steps} steps, batch 16 x 128 bytes, lr 1e-3, clip 1.0, {torch.get_num_threads()} threads; target: "

@@ -199,8 +199,15 @@ def main() -> None:
 def anchors(ps: list, kw: dict, lines: list[str]) -> dict:
     """bitsandbytes' and torchao's AdamW8bit on the same params, when they import and step on this CPU."""
     out = {}
-    for name, make_opt in (("bitsandbytes AdamW8bit", lambda: __import__("bitsandbytes").optim.AdamW8bit(ps, **kw)),
-                           ("torchao AdamW8bit", lambda: __import__("torchao.optim", fromlist=["x"]).AdamW8bit(ps, **kw))):
+    def bnb():
+        import bitsandbytes
+        return bitsandbytes.optim.AdamW8bit(ps, **kw)
+
+    def torchao():
+        import torchao.optim
+        return torchao.optim.AdamW8bit(ps, **kw)
+
+    for name, make_opt in (("bitsandbytes AdamW8bit", bnb), ("torchao AdamW8bit", torchao)):
         try:
             opt = make_opt()
             opt.step()  # first step: state creation (and torchao's torch.compile)
@@ -255,7 +262,8 @@ def lowbit_main(args) -> None:
                      f"  state {held:5.2f} B/param{extra}")
     nb, nn = lowbit.state_nbytes(opts["accelerate_c AdamW 8-bit state"])
     lines.append(f"8-bit state held (lowbit.state_nbytes: codes + block absmax + fp32 state of tensors < 4096): "
-                 f"{nb / nn:.3f} B/param; bf16: {lowbit.state_nbytes(opts['accelerate_c AdamW bf16 state'])[0] / n:.3f}")
+                 f"{nb / nn:.3f} B/param; bf16: {lowbit.state_nbytes(opts['accelerate_c AdamW bf16 state'])[0] / n:.3f}"
+                 )
     text = "\n".join(lines)
     print(text)
     if not args.quick and not args.no_results:

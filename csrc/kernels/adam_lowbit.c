@@ -108,7 +108,8 @@ acc_status acc_adam_lowbit_step(const acc_adam_config *cfg, const acc_adam_tenso
     lowbit_item *items = (lowbit_item *)calloc(nt ? nt : 1, sizeof(lowbit_item));
     const lowbit_item **q8 = (const lowbit_item **)malloc((nt ? nt : 1) * sizeof(*q8));
     const lowbit_item **b16 = (const lowbit_item **)malloc((nt ? nt : 1) * sizeof(*b16));
-    size_t *n8 = (size_t *)malloc((nt ? nt : 1) * sizeof(size_t)), *n16 = (size_t *)malloc((nt ? nt : 1) * sizeof(size_t));
+    size_t *n8 = (size_t *)malloc((nt ? nt : 1) * sizeof(size_t));
+    size_t *n16 = (size_t *)malloc((nt ? nt : 1) * sizeof(size_t));
     acc_status st = ACC_OK;
     if (!items || !q8 || !b16 || !n8 || !n16) {
         st = ACC_ERR_NOMEM;

@@ -46,7 +46,8 @@ def main() -> None:
                 opt.load_state_dict(opt.state_dict())
         inner = opt.optimizer
         shard = getattr(inner, "_accelerate_c_shard", None)
-        rec = {"cuts": [shard.cuts[id(p)] for p in (net.a.weight, net.b.weight)] if shard is not None else None,"params": {k: v.clone() for k, v in acc.unwrap_model(model).state_dict().items()},
+        rec = {"cuts": [shard.cuts[id(p)] for p in (net.a.weight, net.b.weight)] if shard is not None else None,
+               "params": {k: v.clone() for k, v in acc.unwrap_model(model).state_dict().items()},
                "optimizer": opt.state_dict(), "sharded": shard is not None,
                "layouts": [lowbit.layout_of(inner.state[p]) for g in inner.param_groups
                            for p in g["params"]]}
