@@ -264,13 +264,12 @@ def lowbit_main(args) -> None:
     lines.append(f"8-bit state held (lowbit.state_nbytes: codes + block absmax + fp32 state of tensors < 4096): "
                  f"{nb / nn:.3f} B/param; bf16: {lowbit.state_nbytes(opts['accelerate_c AdamW bf16 state'])[0] / n:.3f}"
                  )
-    text = "\n".join(lines)
-    print(text)
+    print("\n".join(lines))
     if not args.quick and not args.no_results:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
-        with open(path, "a") as f:
-            f.write(f"\n## optimizer --lowbit ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC})\n\n"
-                    f"`{' '.join([os.path.basename(sys.executable)] + sys.argv)}`\n\n```\n{text}\n```\n")
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from _results import append_results
+        append_results("optimizer.py --lowbit: Adam with bf16 / 8-bit state (GPT-2-small list)",
+                       ["```", *lines, "```"])
 
 
 def deepspeed_adam(ps, kw, lines):
