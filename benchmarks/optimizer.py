@@ -6,7 +6,11 @@
 # memcpy bandwidth). Median of >= 5 reps, methods interleaved. --quick: small smoke run (no RESULTS.md).
 # Note: memcpy moves 1 read : 1 write, Adam 16 : 12 bytes; DRAM delivers more bandwidth to read-heavy mixes, so
 # a memory-bound Adam can show > 100 % of this memcpy-based bound.
-# Not for: correctness (tests/test_optim.py).
+# --lowbit: accelerate_c.optim.AdamW with bf16 and 8-bit state against torch's fused fp32 AdamW on the same list
+# (state bytes held, speed, % of each one's bytes-per-parameter bound: 28 fp32, 20 bf16, 16.06 8-bit) and the
+# bitsandbytes / torchao AdamW8bit anchors when importable (install them with pip --no-deps --target DIR and put
+# DIR on PYTHONPATH: pip must never replace torch).
+# Not for: correctness (tests/test_optim.py, tests/test_optim_lowbit.py).
 from __future__ import annotations
 
 import argparse
@@ -82,9 +86,14 @@ def main() -> None:
                     help="also time DeepSpeedCPUAdam (needs deepspeed importable; its op is JIT-built on first use)")
     ap.add_argument("--no-results", action="store_true", help="do not append to benchmarks/RESULTS.md")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
+    ap.add_argument("--lowbit", action="store_true",
+                    help="only the low-precision-state section (8-bit / bf16 state vs torch fused fp32 AdamW, and the "
+                         "bitsandbytes / torchao AdamW8bit anchors when importable)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.lowbit:
+        return lowbit_main(args)
     reps = args.reps or (3 if args.quick else 7)
     nthreads = torch.get_num_threads()
     lines = [f"threads={nthreads} simd={_C.simd_level()} torch={torch.__version__} reps={reps} (median, interleaved)"]
@@ -185,6 +194,82 @@ def main() -> None:
         with open(path, "a") as f:
             f.write(f"\n## optimizer ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC})\n\n"
                     f"`{' '.join([os.path.basename(sys.executable)] + sys.argv)}`\n\n```\n{text}\n```\n")
+
+
+def anchors(ps: list, kw: dict, lines: list[str]) -> dict:
+    """bitsandbytes' and torchao's AdamW8bit on the same params, when they import and step on this CPU."""
+    out = {}
+    def bnb():
+        import bitsandbytes
+        return bitsandbytes.optim.AdamW8bit(ps, **kw)
+
+    def torchao():
+        import torchao.optim
+        return torchao.optim.AdamW8bit(ps, **kw)
+
+    for name, make_opt in (("bitsandbytes AdamW8bit", bnb), ("torchao AdamW8bit", torchao)):
+        try:
+            opt = make_opt()
+            opt.step()  # first step: state creation (and torchao's torch.compile)
+            out[name] = opt
+        except Exception as e:  # not installed, or no CPU path
+            lines.append(f"{name} unavailable: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+    return out
+
+
+def tensor_bytes(x: torch.Tensor) -> int:
+    """Bytes a state tensor holds; torchao's OptimState8bit subclass keeps them in .codes and .scale."""
+    if hasattr(x, "codes") and hasattr(x, "scale"):
+        return x.codes.numel() * x.codes.element_size() + x.scale.numel() * x.scale.element_size()
+    return x.numel() * x.element_size()
+
+
+def lowbit_main(args) -> None:
+    """Low-precision state on the GPT-2-small parameter list: bytes held, step time against torch's fused fp32
+    AdamW, % of each one's own bytes-per-parameter bound, and the 8-bit anchors."""
+    from accelerate_c.optim import lowbit
+
+    reps = args.reps or (3 if args.quick else 7)
+    nthreads = torch.get_num_threads()
+    lines = [f"threads={nthreads} simd={_C.simd_level()} torch={torch.__version__} reps={reps} (median, interleaved); "
+             f"load average at start {os.getloadavg()[0]:.2f}"]
+    bw = memcpy_bw((64 << 20) if args.quick else (1 << 30), reps)
+    lines.append(f"memcpy (copy_ of {'64 MiB' if args.quick else '1 GiB'}, best of {reps}): {bw / 1e9:.1f} GB/s")
+    kw = dict(lr=1e-4, weight_decay=0.01)
+    shapes = gpt2_shapes(2, 768, 5000, 256) if args.quick else gpt2_shapes()
+    ps = make(shapes)
+    n = sum(p.numel() for p in ps)
+    opts = {"torch AdamW(fused=True) fp32": torch.optim.AdamW(ps, fused=True, **kw),
+            "accelerate_c AdamW fp32 state": aopt.AdamW(ps, **kw),
+            "accelerate_c AdamW bf16 state": aopt.AdamW(ps, state_dtype=torch.bfloat16, **kw),
+            "accelerate_c AdamW 8-bit state": aopt.AdamW(ps, state_dtype="8bit", **kw)}
+    opts.update(anchors(ps, kw, lines))
+    # DRAM bytes per parameter of one step: grad read 4, param read+write 8, state read+write
+    bpp = {"torch AdamW(fused=True) fp32": 28, "accelerate_c AdamW fp32 state": 28, "accelerate_c AdamW bf16 state": 20,
+           "accelerate_c AdamW 8-bit state": 16 + 16 / 256}
+    res = bench({k: o.step for k, o in opts.items()}, reps)
+    base = res["torch AdamW(fused=True) fp32"]
+    lines.append(f"Adam step, GPT-2-small parameter list ({len(ps)} tensors, {n / 1e6:.1f}M params)")
+    for k, t in res.items():
+        o = opts[k]
+        held = sum(tensor_bytes(x) for st in o.state.values() for key, x in st.items()
+                   if torch.is_tensor(x) and key != "step" and not key.startswith("qmap")) / n
+        extra = ""
+        if k in bpp:
+            bound = bpp[k] * n / bw
+            extra = f"  {100 * bound / t:5.1f}% of its {bpp[k]:.2f} B/param bound"
+        lines.append(f"  {k:34s} {t * 1e3:8.2f} ms  {n / t / 1e9:6.3f} Gparam/s  {base / t:5.2f}x torch fused fp32"
+                     f"  state {held:5.2f} B/param{extra}")
+    nb, nn = lowbit.state_nbytes(opts["accelerate_c AdamW 8-bit state"])
+    lines.append(f"8-bit state held (lowbit.state_nbytes: codes + block absmax + fp32 state of tensors < 4096): "
+                 f"{nb / nn:.3f} B/param; bf16: {lowbit.state_nbytes(opts['accelerate_c AdamW bf16 state'])[0] / n:.3f}"
+                 )
+    print("\n".join(lines))
+    if not args.quick and not args.no_results:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from _results import append_results
+        append_results("optimizer.py --lowbit: Adam with bf16 / 8-bit state (GPT-2-small list)",
+                       ["```", *lines, "```"])
 
 
 def deepspeed_adam(ps, kw, lines):

@@ -8,6 +8,7 @@
 #include "bind_util.h"
 #include "kernels/adam.h"
 #include "kernels/optim_util.h"
+#include "kernels/qmap.h"
 #include "kernels/sgd.h"
 #include "tensor.h"
 
@@ -108,13 +109,48 @@ static int borrow_outputs(PyObject *module, PyObject *lps, PyObject *mirrors, Py
     return 0;
 }
 
+/* Item i's exp_avg / exp_avg_sq: fp32, bf16 or 8-bit codes (uint8, with per-block fp32 absmax lists), the same
+ * dtype for both; optional slice offset and rounding salt (non-negative ints). */
+static int borrow_state(PyObject *module, PyObject *ms, PyObject *vs, PyObject *am_list, PyObject *av_list,
+                        PyObject *offsets, PyObject *salts, Py_ssize_t i, int64_t numel, acc_adam_tensor *x) {
+    acc_tensor t;
+    if (!(x->exp_avg = borrow_item(module, ms, i, "exp_avgs", -1, numel, &t))) return -1;
+    acc_dtype sd = t.dtype;
+    if (sd != ACC_F32 && sd != ACC_BF16 && sd != ACC_U8) {
+        PyErr_Format(PyExc_TypeError, "exp_avgs[%zd]: state dtype %s not supported (float32, bfloat16, uint8 codes)",
+                     i, acc_dtype_name(sd));
+        return -1;
+    }
+    if (!(x->exp_avg_sq = borrow_item(module, vs, i, "exp_avg_sqs", (int)sd, numel, &t))) return -1;
+    x->state_dtype = sd;
+    if (sd == ACC_U8) {
+        int64_t nb = (numel + ACC_QBLOCK - 1) / ACC_QBLOCK;
+        if (!am_list || !av_list || seq_item(am_list, i) == Py_None || seq_item(av_list, i) == Py_None) {
+            PyErr_Format(PyExc_ValueError, "exp_avgs[%zd] holds 8-bit codes: its absmax tensors are required", i);
+            return -1;
+        }
+        if (!(x->exp_avg_absmax = borrow_item(module, am_list, i, "exp_avg_absmaxes", ACC_F32, nb, &t))) return -1;
+        if (!(x->exp_avg_sq_absmax = borrow_item(module, av_list, i, "exp_avg_sq_absmaxes", ACC_F32, nb, &t)))
+            return -1;
+    }
+    if (offsets && seq_item(offsets, i) != Py_None) {
+        x->offset = PyLong_AsUnsignedLongLong(seq_item(offsets, i));
+        if (PyErr_Occurred()) return -1;
+    }
+    if (salts && seq_item(salts, i) != Py_None) {
+        x->salt = PyLong_AsUnsignedLongLong(seq_item(salts, i));
+        if (PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
 /* ---- adam_step --------------------------------------------------------------------------------------- */
 
 static PyObject *py_adam_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 18 && nargs != 19)
-        return PyErr_Format(PyExc_TypeError, "adam_step takes 18 or 19 positional arguments (%zd given)", nargs);
+    if (nargs < 18 || nargs > 23)
+        return PyErr_Format(PyExc_TypeError, "adam_step takes 18 to 23 positional arguments (%zd given)", nargs);
     PyObject *params = args[0], *grads = args[1], *ms = args[2], *vs = args[3], *maxs = NULL, *lps = NULL;
-    PyObject *mirrors = NULL;
+    PyObject *mirrors = NULL, *am_list = NULL, *av_list = NULL, *offsets = NULL, *salts = NULL;
     PyObject *steps = args[5];
     acc_adam_config cfg;
     int nthreads = 1, step_list = 0;
@@ -140,7 +176,11 @@ static PyObject *py_adam_step(PyObject *module, PyObject *const *args, Py_ssize_
         return NULL;
     }
     if (opt_list(args[4], n, "max_exp_avg_sqs", &maxs) < 0 || opt_list(args[6], n, "low_precision_outs", &lps) < 0 ||
-        (nargs == 19 && opt_list(args[18], n, "mirrors", &mirrors) < 0))
+        (nargs > 18 && opt_list(args[18], n, "mirrors", &mirrors) < 0) ||
+        (nargs > 19 && opt_list(args[19], n, "exp_avg_absmaxes", &am_list) < 0) ||
+        (nargs > 20 && opt_list(args[20], n, "exp_avg_sq_absmaxes", &av_list) < 0) ||
+        (nargs > 21 && opt_list(args[21], n, "offsets", &offsets) < 0) ||
+        (nargs > 22 && opt_list(args[22], n, "salts", &salts) < 0))
         return NULL;
     if (cfg.amsgrad && !maxs) return PyErr_Format(PyExc_ValueError, "amsgrad needs max_exp_avg_sqs");
     if (PyList_Check(steps) || PyTuple_Check(steps)) {
@@ -162,8 +202,7 @@ static PyObject *py_adam_step(PyObject *module, PyObject *const *args, Py_ssize_
         int64_t numel;
         if (borrow_param_grad(module, params, grads, i, &x->param, &x->grad, &x->grad_dtype, &numel) < 0) goto fail;
         x->n = (size_t)numel;
-        if (!(x->exp_avg = borrow_item(module, ms, i, "exp_avgs", ACC_F32, numel, &t))) goto fail;
-        if (!(x->exp_avg_sq = borrow_item(module, vs, i, "exp_avg_sqs", ACC_F32, numel, &t))) goto fail;
+        if (borrow_state(module, ms, vs, am_list, av_list, offsets, salts, i, numel, x) < 0) goto fail;
         if (cfg.amsgrad && !(x->max_exp_avg_sq = borrow_item(module, maxs, i, "max_exp_avg_sqs", ACC_F32, numel, &t)))
             goto fail;
         if (borrow_outputs(module, lps, mirrors, i, numel, &x->lp_out, &x->lp_dtype, &x->mirror) < 0) goto fail;
@@ -298,23 +337,111 @@ done:
     return ret;
 }
 
+/* ---- 8-bit block-wise conversions and the code maps ---------------------------------------------------- */
+
+static PyObject *py_quantize_blockwise(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) return PyErr_Format(PyExc_TypeError, "quantize_blockwise takes 5 positional arguments");
+    acc_tensor x, c, a;
+    int sg = PyObject_IsTrue(args[3]), nthreads;
+    if (sg < 0 || get_int(args[4], &nthreads) < 0) return NULL;
+    if (acc_tensor_borrow_cpu(module, args[0], &x, "x", ACC_F32) < 0 ||
+        acc_tensor_borrow_cpu(module, args[1], &c, "codes", ACC_U8) < 0 ||
+        acc_tensor_borrow_cpu(module, args[2], &a, "absmax", ACC_F32) < 0)
+        return NULL;
+    if (c.numel != x.numel || a.numel != (x.numel + ACC_QBLOCK - 1) / ACC_QBLOCK)
+        return PyErr_Format(PyExc_ValueError, "quantize_blockwise: codes must have %lld elements and absmax %lld",
+                            (long long)x.numel, (long long)((x.numel + ACC_QBLOCK - 1) / ACC_QBLOCK));
+    acc_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = acc_quantize_blockwise((const float *)x.data, (size_t)x.numel, sg, (uint8_t *)c.data, (float *)a.data,
+                                nthreads);
+    Py_END_ALLOW_THREADS
+    if (st != ACC_OK) return acc_raise_status(st, "quantize_blockwise");
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_dequantize_blockwise(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) return PyErr_Format(PyExc_TypeError, "dequantize_blockwise takes 5 positional arguments");
+    acc_tensor x, c, a;
+    int sg = PyObject_IsTrue(args[3]), nthreads;
+    if (sg < 0 || get_int(args[4], &nthreads) < 0) return NULL;
+    if (acc_tensor_borrow_cpu(module, args[0], &c, "codes", ACC_U8) < 0 ||
+        acc_tensor_borrow_cpu(module, args[1], &a, "absmax", ACC_F32) < 0 ||
+        acc_tensor_borrow_cpu(module, args[2], &x, "out", ACC_F32) < 0)
+        return NULL;
+    if (c.numel != x.numel || a.numel != (x.numel + ACC_QBLOCK - 1) / ACC_QBLOCK)
+        return PyErr_Format(PyExc_ValueError, "dequantize_blockwise: codes must have %lld elements and absmax %lld",
+                            (long long)x.numel, (long long)((x.numel + ACC_QBLOCK - 1) / ACC_QBLOCK));
+    acc_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = acc_dequantize_blockwise((const uint8_t *)c.data, (const float *)a.data, (size_t)x.numel, sg,
+                                  (float *)x.data, nthreads);
+    Py_END_ALLOW_THREADS
+    if (st != ACC_OK) return acc_raise_status(st, "dequantize_blockwise");
+    Py_RETURN_NONE;
+}
+
+static PyObject *float_list(const float *v, int n) {
+    PyObject *l = PyList_New(n);
+    for (int i = 0; l && i < n; i++) {
+        PyObject *f = PyFloat_FromDouble((double)v[i]);
+        if (!f) {
+            Py_DECREF(l);
+            return NULL;
+        }
+        PyList_SetItem(l, i, f);
+    }
+    return l;
+}
+
+static PyObject *code_list(const acc_qmap *q, int sg) {
+    float v[256];
+    for (int c = 0; c < 256; c++) v[c] = acc_q_decode(q, sg, (uint8_t)c, 1.0f);
+    return float_list(v, 256);
+}
+
+static PyObject *py_qmap_tables(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1) return PyErr_Format(PyExc_TypeError, "qmap_tables takes 1 positional argument");
+    int sg = PyObject_IsTrue(args[0]);
+    if (sg < 0) return NULL;
+    const acc_qmap *q = acc_qmap_get(sg);
+    return Py_BuildValue("{s:i,s:N,s:N,s:N,s:N,s:N,s:N}", "nd", q->nd, "thr", float_list(q->thr, q->nd),
+                         "k1", float_list(q->k1, q->nd), "k0", float_list(q->k0, q->nd),
+                         "step", float_list(q->step, q->nd), "off", float_list(q->off, q->nd),
+                         "code", code_list(q, sg));
+}
+
 PyMethodDef acc_optim_methods[] = {
     {"adam_step", (PyCFunction)(void (*)(void))py_adam_step, METH_FASTCALL,
      "adam_step($module, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, low_precision_outs, lr, "
-     "beta1, beta2, eps, weight_decay, decoupled, amsgrad, maximize, grad_scale, nthreads, lr_is_f32_tensor, mirrors=None, /)\n--\n\n"
+     "beta1, beta2, eps, weight_decay, decoupled, amsgrad, maximize, grad_scale, nthreads, lr_is_f32_tensor, "
+     "mirrors=None, exp_avg_absmaxes=None, exp_avg_sq_absmaxes=None, offsets=None, salts=None, /)\n--\n\n"
      "One fused Adam/AdamW step over lists of contiguous CPU tensors (fp32 params/state; fp32, bf16 or fp16 grads).\n"
      "max_exp_avg_sqs: list (amsgrad) or None. steps: list of 0-d float tensors (incremented by 1 after the\n"
      "update, torch's state['step']) or a number (the step this update makes, >= 1). low_precision_outs: None or a\n"
      "list of bf16/fp16 tensors (or None entries) that receive the updated params. Gradients are multiplied by\n"
      "grad_scale. No non-finite check here (see grads_nonfinite). lr_is_f32_tensor: round lr/bc1 and 1-lr*wd in\n"
      "float32 like torch does when the group's lr is a float32 tensor. mirrors: None or a list of fp32 tensors (or\n"
-     "None entries) that also receive the updated params in the same pass (e.g. a peer rank's replica)."},
+     "None entries) that also receive the updated params in the same pass (e.g. a peer rank's replica).\n"
+     "exp_avgs/exp_avg_sqs may be bfloat16 (stochastic rounding seeded by the step and salts[i]) or uint8 8-bit\n"
+     "codes with exp_avg_absmaxes/exp_avg_sq_absmaxes (fp32, one per 256 elements); offsets[i]: the slice's first\n"
+     "element in its logical tensor (8-bit: a multiple of 256)."},
     {"sgd_step", (PyCFunction)(void (*)(void))py_sgd_step, METH_FASTCALL,
      "sgd_step($module, params, grads, momentum_buffers, init_buffers, low_precision_outs, lr, momentum, dampening, "
      "weight_decay, nesterov, maximize, grad_scale, nthreads, mirrors=None, /)\n--\n\n"
      "One fused SGD step over lists of contiguous CPU fp32 tensors. momentum_buffers: list (momentum != 0) or None;\n"
      "init_buffers: None or a list of bools, True where the buffer is new (written with the gradient like torch's\n"
      "first step, not read). mirrors: as for adam_step."},
+    {"quantize_blockwise", (PyCFunction)(void (*)(void))py_quantize_blockwise, METH_FASTCALL,
+     "quantize_blockwise($module, x, codes, absmax, signed, nthreads, /)\n--\n\n"
+     "8-bit block-wise dynamic quantisation (kernels/qmap.h) of a contiguous fp32 CPU tensor x into codes (uint8,\n"
+     "x.numel()) and absmax (fp32, one per 256 elements). signed: exp_avg's map, else exp_avg_sq's."},
+    {"dequantize_blockwise", (PyCFunction)(void (*)(void))py_dequantize_blockwise, METH_FASTCALL,
+     "dequantize_blockwise($module, codes, absmax, out, signed, nthreads, /)\n--\n\n"
+     "Inverse of quantize_blockwise into the fp32 tensor out."},
+    {"qmap_tables", (PyCFunction)(void (*)(void))py_qmap_tables, METH_FASTCALL,
+     "qmap_tables($module, signed, /)\n--\n\n"
+     "The constants of the signed (exp_avg) or unsigned (exp_avg_sq) 8-bit code map, and its 256 values ('code')."},
     {"grads_nonfinite", (PyCFunction)(void (*)(void))py_grads_nonfinite, METH_FASTCALL,
      "grads_nonfinite($module, grads, scale, nthreads, /)\n--\n\n"
      "True when any element of any gradient in the list, multiplied by scale, is inf or NaN."},

@@ -35,12 +35,17 @@ class OptimizerStates:
     per_tensor: int = 0
 
 
-# Data, not code: a later precision or optimizer (8-bit / bf16 states) is one more entry here.
+# Data, not code: a later precision or optimizer is one more entry here.
 PRECISIONS = {"float32": Precision(param=4, grad=4, master=0),
               "float16": Precision(param=2, grad=2, master=4),
               "bfloat16": Precision(param=2, grad=2, master=4)}  # int8/int4: loading only (training "N/A")
+# accelerate_c.optim.Adam/AdamW(state_dtype=...): bf16 moments; 8-bit codes plus one fp32 absmax per 256-element
+# block each (tensors under 4096 elements keep fp32 state: not counted, a few KiB per layer).
 OPTIMIZERS = {"adam": OptimizerStates(per_element=(("exp_avg", 4), ("exp_avg_sq", 4)),
-                                      per_tensor=4)}  # torch keeps `step` as a float32 scalar per parameter
+                                      per_tensor=4),  # torch keeps `step` as a float32 scalar per parameter
+              "adam-bf16-state": OptimizerStates(per_element=(("exp_avg", 2), ("exp_avg_sq", 2)), per_tensor=4),
+              "adam-8bit": OptimizerStates(per_element=(("exp_avg", 1 + 4 / 256), ("exp_avg_sq", 1 + 4 / 256)),
+                                           per_tensor=4)}
 STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
 
 FORMULAS = """\

@@ -10,6 +10,7 @@ import torch
 from torch.optim.optimizer import _get_scalar_dtype
 
 from .. import _C
+from . import lowbit
 
 _GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _LP_DTYPES = (torch.bfloat16, torch.float16)
@@ -76,39 +77,55 @@ def _lp_for(low_precision_copies: dict | None, p: torch.Tensor) -> torch.Tensor 
     return lp
 
 
-def _adam_group_lists(opt: torch.optim.Optimizer, group: dict, low_precision_copies: dict | None):
-    """Lists for one _C.adam_step call; lazily creates the state exactly like torch's _init_group. Returns None
-    when an existing state tensor cannot be used in place (the caller then falls back)."""
+def _adam_group_lists(opt: torch.optim.Optimizer, group: dict, low_precision_copies: dict | None, salts: dict):
+    """Lists for one _C.adam_step call; lazily creates the state exactly like torch's _init_group (in the group's
+    state_dtype layout, lowbit.py). Returns None when an existing fp32 state tensor cannot be used in place (the
+    caller then falls back to torch); a low-precision state that cannot is an error (no torch fallback)."""
     params, grads, ms, vs, maxs, steps, lps = [], [], [], [], [], [], []
+    ams, avs, salt = [], [], []
     amsgrad = group["amsgrad"]
     for p in group["params"]:
         if p.grad is None:
             continue
         state = opt.state[p]
+        layout = lowbit.layout_for(group, p)
         if len(state) == 0:
             state["step"] = (torch.zeros((), dtype=_get_scalar_dtype(is_fused=True), device=p.device)
                              if group.get("fused") else torch.tensor(0.0, dtype=_get_scalar_dtype()))
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state.update(lowbit.new_state(p, layout))
             if amsgrad:
                 state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        elif layout != "float32" or lowbit.layout_of(state) != "float32":
+            lowbit.convert(state, p, layout)  # e.g. state assigned from another layout
         step = state["step"]
         mx = state.get("max_exp_avg_sq") if amsgrad else None
         if amsgrad and mx is None:
             return None
         if (not isinstance(step, torch.Tensor) or step.device.type != "cpu" or step.numel() != 1
-                or step.dtype not in (torch.float32, torch.float64)
-                or not _state_ok(state["exp_avg"], p) or not _state_ok(state["exp_avg_sq"], p) or not _state_ok(mx, p)):
+                or step.dtype not in (torch.float32, torch.float64)):
             return None
+        if layout == "float32":
+            if not _state_ok(state["exp_avg"], p) or not _state_ok(state["exp_avg_sq"], p) or not _state_ok(mx, p):
+                return None
+            ams.append(None)
+            avs.append(None)
+        else:
+            bad = lowbit.check_state(state, p, layout)
+            if bad:
+                raise ValueError(f"state_dtype={layout!r}: {bad} (param of shape {tuple(p.shape)})")
+            ams.append(state.get("exp_avg_absmax"))
+            avs.append(state.get("exp_avg_sq_absmax"))
         params.append(p)
         grads.append(p.grad)
         ms.append(state["exp_avg"])
         vs.append(state["exp_avg_sq"])
+        salt.append(salts.get(id(p), 0))
         if amsgrad:
             maxs.append(mx)
         steps.append(step)
         lps.append(_lp_for(low_precision_copies, p))
-    return params, grads, ms, vs, (maxs if amsgrad else None), steps, (lps if low_precision_copies else None)
+    low = (ams, avs, salt) if group.get("state_dtype", "float32") != "float32" else None
+    return (params, grads, ms, vs, (maxs if amsgrad else None), steps, (lps if low_precision_copies else None), low)
 
 
 def _sgd_group_lists(opt: torch.optim.Optimizer, group: dict, low_precision_copies: dict | None):
@@ -147,23 +164,28 @@ def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, gra
         if _C.grads_nonfinite(all_grads, scale, nthreads):
             return None
     if kind == "adam":
-        lists = [_adam_group_lists(opt, g, low_precision_copies) for g in groups]
+        salts = {id(p): i for i, p in enumerate(p for g in opt.param_groups for p in g["params"])}
+        lists = [_adam_group_lists(opt, g, low_precision_copies, salts) for g in groups]
         if any(x is None for x in lists):
             return False
         default_decoupled = isinstance(opt, torch.optim.AdamW)
         mirrors: list = [None] * len(lists)
+        offsets: list = [None] * len(lists)
         if shard is not None:
             shard.begin()
-            for j, (params, grads, ms, vs, maxs, steps, lps) in enumerate(lists):
-                c, mirrors[j] = shard.slice_lists(opt, params, grads, {"exp_avg": ms, "exp_avg_sq": vs,
-                                                                       "max_exp_avg_sq": maxs or None}, lps)
+            for j, (params, grads, ms, vs, maxs, steps, lps, low) in enumerate(lists):
+                keyed = {"exp_avg": ms, "exp_avg_sq": vs, "max_exp_avg_sq": maxs or None}
+                if low is not None:
+                    keyed.update(exp_avg_absmax=low[0], exp_avg_sq_absmax=low[1])
+                c, mirrors[j], offsets[j] = shard.slice_lists(opt, params, grads, keyed, lps)
                 cut += c
-        for g, (params, grads, ms, vs, maxs, steps, lps), mir in zip(groups, lists, mirrors):
+        for g, (params, grads, ms, vs, maxs, steps, lps, low), mir, offs in zip(groups, lists, mirrors, offsets):
             b1, b2 = g["betas"]
+            extra = (mir,) if low is None else (mir, low[0], low[1], offs, low[2])
             _C.adam_step(params, grads, ms, vs, maxs, steps, lps, _num(g["lr"]), _num(b1), _num(b2), float(g["eps"]),
                          _num(g["weight_decay"]), bool(g.get("decoupled_weight_decay", default_decoupled)),
                          bool(g["amsgrad"]), bool(g["maximize"]), scale, nthreads,
-                         isinstance(g["lr"], torch.Tensor) and g["lr"].dtype == torch.float32, mir)
+                         isinstance(g["lr"], torch.Tensor) and g["lr"].dtype == torch.float32, *extra)
     else:
         lists = [_sgd_group_lists(opt, g, low_precision_copies) for g in groups]
         if any(x is None for x in lists):
@@ -182,7 +204,7 @@ def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, gra
                             opt.state[p]["momentum_buffer"] = bufs[i]
             mir = None
             if shard is not None:
-                c, mir = shard.slice_lists(opt, params, grads, {"momentum_buffer": bufs if use_mom else None}, lps)
+                c, mir, _ = shard.slice_lists(opt, params, grads, {"momentum_buffer": bufs if use_mom else None}, lps)
                 cut += c
             _C.sgd_step(params, grads, bufs if use_mom else None, inits, lps, _num(g["lr"]), float(g["momentum"]),
                         float(g["dampening"]), _num(g["weight_decay"]), bool(g["nesterov"]), bool(g["maximize"]),

@@ -17,18 +17,26 @@ def adamw_flat_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, 
                 weight_decay: float = 1e-2, *, decoupled: bool = True, amsgrad: bool = False,
                 max_exp_avg_sq: torch.Tensor | None = None, maximize: bool = False, grad_scale: float | None = None,
                 skip_if_nonfinite: bool = False, low_precision_out: torch.Tensor | None = None,
-                num_threads: int | None = None) -> bool:
+                num_threads: int | None = None, exp_avg_absmax: torch.Tensor | None = None,
+                exp_avg_sq_absmax: torch.Tensor | None = None, offset: int = 0, salt: int = 0) -> bool:
     """One AdamW (decoupled=True) or Adam (decoupled=False, L2) step in place. `step` is the number of this
-    update (1 for the first). param/exp_avg/exp_avg_sq(/max_exp_avg_sq) fp32; grad fp32, bf16 or fp16; all
-    contiguous CPU with the same numel. low_precision_out: bf16/fp16 tensor receiving the new param.
+    update (1 for the first). param(/max_exp_avg_sq) fp32; grad fp32, bf16 or fp16; all contiguous CPU with
+    the same numel. low_precision_out: bf16/fp16 tensor receiving the new param.
+    exp_avg/exp_avg_sq: fp32; bf16 (written with stochastic rounding seeded by step and `salt`); or uint8 8-bit
+    codes (optim/lowbit.py) with exp_avg_absmax/exp_avg_sq_absmax (fp32, one per 256 elements). A shard of a
+    larger logical tensor passes its first element's index as `offset` (8-bit: a multiple of 256, and the
+    absmax slices of its blocks), so its result is bitwise that of stepping the whole tensor.
     Returns False (and changes nothing) when skip_if_nonfinite and grad*grad_scale has an inf/NaN, else True."""
     scale = 1.0 if grad_scale is None else float(grad_scale)
     n = _nthreads(num_threads)
     if skip_if_nonfinite and _C.grads_nonfinite([grad], scale, n):
         return False
+    extra = () if exp_avg.dtype == torch.float32 else (None, [exp_avg_absmax], [exp_avg_sq_absmax], [int(offset)],
+                                                       [int(salt)])
     _C.adam_step([param], [grad], [exp_avg], [exp_avg_sq], [max_exp_avg_sq] if amsgrad else None, float(step),
                  [low_precision_out] if low_precision_out is not None else None, float(lr), float(betas[0]),
-                 float(betas[1]), float(eps), float(weight_decay), decoupled, amsgrad, maximize, scale, n, False)
+                 float(betas[1]), float(eps), float(weight_decay), decoupled, amsgrad, maximize, scale, n, False,
+                 *extra)
     return True
 
 

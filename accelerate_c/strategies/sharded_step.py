@@ -69,10 +69,15 @@ class ParamShards:
 
 
 class OptimizerShard:
-    """One optimizer's state in a shared region (per-rank parts, one slot per state key and param), and
-    the step protocol. Attached to the optimizer as `_accelerate_c_shard`; run_groups uses it."""
+    """One optimizer's state in shared regions (per-rank parts, one slot per state key and param), and the
+    step protocol. Attached to the optimizer as `_accelerate_c_shard`; run_groups uses it.
+    Low-precision state (optim/lowbit.py) has a slot per key in its own dtype (uint8 codes, bf16, fp32 block
+    scales: one region per dtype); an 8-bit param's cuts between ranks fall on its 256-element blocks, so each
+    rank requantises whole blocks of its own slice and its scales are its own."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, shards: ParamShards, keys: tuple[str, ...]) -> None:
+        from ..optim import lowbit
+
         self.shards = shards
         self.keys = keys
         self.disabled = False  # True for good once a step used per-rank gradients
@@ -80,8 +85,10 @@ class OptimizerShard:
         # This optimizer's own parameter space (its params in the region, in region order): the split and
         # the state slots cover only them, so an optimizer over a few parameters of a big model (fine-tuning
         # a head) costs state for those few, and its work is still halved.
-        params = {id(p): p for g in optimizer.param_groups for p in g["params"] if id(p) in shards.offset}
-        order = sorted(params.values(), key=lambda p: shards.offset[id(p)])
+        group_of = {id(p): g for g in optimizer.param_groups for p in g["params"] if id(p) in shards.offset}
+        order = sorted((p for g in optimizer.param_groups for p in g["params"] if id(p) in group_of),
+                       key=lambda p: shards.offset[id(p)])
+        order = list({id(p): p for p in order}.values())
         self.soff: dict[int, int] = {}
         total = 0
         for p in order:
@@ -91,9 +98,30 @@ class OptimizerShard:
         per = -(-total // shards.size)
         per = -(-per // ALIGN) * ALIGN
         self.bounds = [(min(q * per, total), min((q + 1) * per, total)) for q in range(shards.size)]
-        self.lo, self.hi = self.bounds[shards.rank]
-        self.flat = shards.shm.alloc(max(total * len(keys), 1), torch.float32)
-        self.parts = shards.shm.parts(self.flat)
+        # every rank's element range inside each param; an 8-bit param's cuts rounded up to its blocks
+        self.cuts: dict[int, list[tuple[int, int]]] = {}
+        self.slots: dict[tuple[int, int], tuple[torch.dtype, int, int]] = {}  # (key, param) -> dtype, start, n
+        need: dict[torch.dtype, int] = {}
+        for p in order:
+            off, n = self.soff[id(p)], p.numel()
+            layout = lowbit.layout_for(group_of[id(p)], p)
+            starts = [min(max(lo - off, 0), n) for lo, _ in self.bounds] + [n]
+            if layout == "8bit":
+                starts = [min(n, -(-x // lowbit.QBLOCK) * lowbit.QBLOCK) for x in starts]
+            self.cuts[id(p)] = [(starts[q], max(starts[q], starts[q + 1])) for q in range(shards.size)]
+            for k, key in enumerate(keys):
+                if key.endswith("_absmax"):
+                    if layout != "8bit":
+                        continue
+                    dt, cnt = torch.float32, lowbit.nblocks(n)
+                else:
+                    dt, cnt = {"8bit": torch.uint8, "bfloat16": torch.bfloat16}.get(layout, torch.float32), n
+                self.slots[(k, id(p))] = (dt, need.get(dt, 0), cnt)
+                need[dt] = need.get(dt, 0) + cnt
+        if not need:
+            need[torch.float32] = 0
+        self.flats = {dt: shards.shm.alloc(max(cnt, 1), dt) for dt, cnt in sorted(need.items(), key=str)}
+        self.parts = {dt: shards.shm.parts(f) for dt, f in self.flats.items()}
         self._hook = optimizer.register_state_dict_pre_hook(lambda opt: self.refresh(opt))
         # id(param) -> (its data_ptr, grad, state tensors, (a, b), sliced views); holding the tensors keeps
         # their ids from being reused while cached, so `is` tells a replaced tensor (e.g. after a reload).
@@ -102,46 +130,59 @@ class OptimizerShard:
     def local_range(self, p: torch.Tensor) -> Optional[tuple[int, int]]:
         """This rank's element range [a, b) inside `p`, or None when p is not split (not ours, or no longer
         resident in the region)."""
-        off = self.soff.get(id(p))
-        if off is None or not self.shards.resident(p):
+        cuts = self.cuts.get(id(p))
+        if cuts is None or not self.shards.resident(p):
             return None
-        a, b = max(self.lo, off), min(self.hi, off + p.numel())
-        return (a - off, b - off) if b > a else (0, 0)
+        return cuts[self.shards.rank]
 
     # -- state placement -----------------------------------------------------------------------------------
-    def _slot(self, k: int, off: int, n: int, part: Optional[torch.Tensor] = None) -> torch.Tensor:
-        base = (self.flat if part is None else part)
-        start = k * self.total + off
-        return base[start:start + n]
+    def _slot(self, k: int, p: torch.Tensor, a: int = 0, b: Optional[int] = None, q: Optional[int] = None
+              ) -> torch.Tensor:
+        """Elements [a, b) (block scales: blocks) of key k's slot for p, in rank q's part (None: ours)."""
+        dt, start, n = self.slots[(k, id(p))]
+        base = self.flats[dt] if q is None else self.parts[dt][q]
+        return base[start + a:start + (n if b is None else b)]
+
+    def _range(self, k: int, a: int, b: int) -> tuple[int, int]:
+        """An element range in key k's units (block scales: the blocks covering it; the cuts are on blocks)."""
+        if self.keys[k].endswith("_absmax"):
+            return a // 256, -(-b // 256)
+        return a, b
 
     def adopt(self, optimizer: torch.optim.Optimizer, p: torch.Tensor) -> bool:
         """Moves p's state tensors into their slots (a fresh state, or one torch's load_state_dict replaced);
         every rank holds the full state at that moment, so each copies its own. False when the state holds
-        a tensor we have no slot for (then p is stepped whole on every rank)."""
-        off = self.soff[id(p)]
+        a tensor we have no slot for, or of another dtype (then p is stepped whole on every rank)."""
         state = optimizer.state.get(p)
         if not state:
             return True
-        if any(isinstance(t, torch.Tensor) and key != "step" and key not in self.keys for key, t in state.items()):
-            return False
+        for key, t in state.items():
+            if not isinstance(t, torch.Tensor) or key == "step":
+                continue
+            k = self.keys.index(key) if key in self.keys else -1
+            if k < 0 or (k, id(p)) not in self.slots or self.slots[(k, id(p))][0] != t.dtype:
+                return False
         for k, key in enumerate(self.keys):
             t = state.get(key)
             if t is None:
                 continue
-            slot = self._slot(k, off, p.numel()).view_as(p)
+            slot = self._slot(k, p)
+            slot = slot.view_as(p) if slot.numel() == p.numel() and not key.endswith("_absmax") else slot
             if t.data_ptr() != slot.data_ptr():
-                slot.copy_(t)
+                slot.copy_(t.reshape(slot.shape))
                 state[key] = slot
         return True
 
     def slice_lists(self, optimizer: torch.optim.Optimizer, params: list, grads: list, state_lists: dict,
-                    lps: Optional[list]) -> tuple[list[tuple[torch.Tensor, int, int]], list]:
+                    lps: Optional[list]) -> tuple[list[tuple[torch.Tensor, int, int]], list, list]:
         """Cuts every kernel-list entry down to this rank's range. `state_lists` maps a state key to its list
-        (entries None where that state is absent). Returns the (param, a, b) ranges cut and the kernels'
-        `mirrors` list: for each cut entry the same range in one peer's parameters (the kernel writes the
-        new values there in the same pass; push() covers any other peers)."""
+        (entries None where that state is absent; block-scale keys are cut to the range's blocks). Returns the
+        (param, a, b) ranges cut, the kernels' `mirrors` list (for each cut entry the same range in one peer's
+        parameters: the kernel writes the new values there in the same pass; push() covers any other peers)
+        and the `offsets` list (a cut entry's first element in its param)."""
         cut: list = []
         mirrors: list = [None] * len(params)
+        offsets: list = [0] * len(params)
         cache = self._cache
 
         def state_tensors(p: torch.Tensor, i: int) -> tuple:
@@ -164,18 +205,22 @@ class OptimizerShard:
                 sts = state_tensors(p, i)  # adopt may have replaced them
                 a, b = rng
                 off = self.shards.offset[id(p)]
-                views = (p.detach().view(-1)[a:b], g.view(-1)[a:b],
-                         tuple(t.view(-1)[a:b] if t is not None else None for t in sts),
+                cuts = []
+                for key, t in zip(state_lists, sts):
+                    lo, hi = (a // 256, -(-b // 256)) if key.endswith("_absmax") else (a, b)
+                    cuts.append(t.view(-1)[lo:hi] if t is not None else None)
+                views = (p.detach().view(-1)[a:b], g.view(-1)[a:b], tuple(cuts),
                          self.shards.parts[self.shards.mirror_rank][off + a:off + b])
                 hit = (p.data_ptr(), g, sts, (a, b), views)
                 cache[id(p)] = hit
             a, b = hit[3]
             params[i], grads[i], svs, mirrors[i] = hit[4]
+            offsets[i] = a
             for (key, lst), v in zip(state_lists.items(), svs):
                 if v is not None:
                     lst[i] = v
             cut.append((p, a, b))
-        return cut, mirrors
+        return cut, mirrors, offsets
 
     def refresh(self, optimizer: torch.optim.Optimizer) -> None:
         """Completes this rank's copy of the state with the peers' slices (read from their parts)."""
@@ -183,19 +228,18 @@ class OptimizerShard:
             return
         for group in optimizer.param_groups:
             for p in group["params"]:
-                off = self.soff.get(id(p))
+                cuts = self.cuts.get(id(p))
                 state = optimizer.state.get(p)
-                if off is None or not state:
+                if cuts is None or not state:
                     continue
-                n = p.numel()
                 for k, key in enumerate(self.keys):
                     t = state.get(key)
-                    if t is None or t.data_ptr() != self._slot(k, off, n).data_ptr():
+                    if t is None or (k, id(p)) not in self.slots or t.data_ptr() != self._slot(k, p).data_ptr():
                         continue
-                    for q, (lo, hi) in enumerate(self.bounds):
-                        a, b = max(lo, off), min(hi, off + n)
-                        if q != self.shards.rank and b > a:
-                            self._slot(k, a, b - a).copy_(self._slot(k, a, b - a, self.parts[q]))
+                    for q, (a, b) in enumerate(cuts):
+                        lo, hi = self._range(k, a, b)
+                        if q != self.shards.rank and hi > lo:
+                            self._slot(k, p, lo, hi).copy_(self._slot(k, p, lo, hi, q))
         self.stale = False
 
     # -- the step ------------------------------------------------------------------------------------------
@@ -239,6 +283,9 @@ def state_keys(optimizer: torch.optim.Optimizer) -> Optional[tuple[str, ...]]:
     from ..optim._fused import optimizer_kind
 
     kind = optimizer_kind(optimizer)
+    sds = {g.get("state_dtype", "float32") for g in optimizer.param_groups}
+    if kind == "adam" and sds != {"float32"}:  # bf16 / 8-bit state (optim/lowbit.py; no amsgrad there)
+        return ("exp_avg", "exp_avg_sq") + (("exp_avg_absmax", "exp_avg_sq_absmax") if "8bit" in sds else ())
     if kind == "adam":
         amsgrad = any(g.get("amsgrad", False) for g in optimizer.param_groups)
         return ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ())

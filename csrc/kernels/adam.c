@@ -43,14 +43,34 @@ static void adam_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
     adam_range_scalar(t, lo, hi);
 }
 
+void acc_adam_scalars_for(const acc_adam_config *cfg, double step, acc_adam_scalars *c) {
+    /* torch computes these in Python floats (double) and hands them to float kernels */
+    float w = (float)(1.0 - cfg->beta1);
+    int from_end = !(fabsf(w) < 0.5f); /* ATen lerp: weight >= 0.5 uses end - (end - start) * (1 - weight) */
+    double bc1 = 1.0 - pow(cfg->beta1, step), bc2 = 1.0 - pow(cfg->beta2, step);
+    double step_size = cfg->lr / bc1, bc2_sqrt = pow(bc2, 0.5), decay = 1.0 - cfg->lr * cfg->weight_decay;
+    if (cfg->lr_is_f32_tensor) {
+        step_size = (double)((float)cfg->lr / (float)bc1);
+        decay = (double)(1.0f - (float)cfg->lr * (float)cfg->weight_decay);
+    }
+    *c = (acc_adam_scalars){
+        .scaled = cfg->grad_scale != 1.0, .maximize = cfg->maximize,
+        .wd_mode = cfg->weight_decay == 0.0 ? 0 : (cfg->decoupled ? 1 : 2), .lerp_from_end = from_end,
+        .grad_scale = (float)cfg->grad_scale, .lerp_coeff = from_end ? w - 1.0f : w,
+        .beta2 = (float)cfg->beta2, .one_m_beta2 = (float)(1.0 - cfg->beta2),
+        .decay = (float)decay, .wd = (float)cfg->weight_decay,
+        .bc2_sqrt = (float)bc2_sqrt, .eps = (float)cfg->eps, .neg_step_size = (float)(-step_size),
+    };
+}
+
 acc_status acc_adam_step(const acc_adam_config *cfg, const acc_adam_tensor *ts, size_t nt, int nthreads) {
     if (nt == 0) return ACC_OK;
     for (size_t k = 0; k < nt; k++) {
         const acc_adam_tensor *x = &ts[k];
         acc_status st = acc_optim_check_dtypes(k, x->grad_dtype, x->lp_out, x->lp_dtype);
         if (st) return st;
-        if (cfg->amsgrad && !x->max_exp_avg_sq) {
-            acc_set_error("tensor %zu: amsgrad needs max_exp_avg_sq", k);
+        if (cfg->amsgrad && (!x->max_exp_avg_sq || x->state_dtype != ACC_F32)) {
+            acc_set_error("tensor %zu: amsgrad needs max_exp_avg_sq and float32 state", k);
             return ACC_ERR_ARG;
         }
         if (x->n && (!x->param || !x->grad || !x->exp_avg || !x->exp_avg_sq)) {
@@ -62,6 +82,27 @@ acc_status acc_adam_step(const acc_adam_config *cfg, const acc_adam_tensor *ts, 
             return ACC_ERR_ARG;
         }
     }
+    size_t nlow = 0;
+    for (size_t k = 0; k < nt; k++) nlow += ts[k].state_dtype != ACC_F32;
+    if (nlow) { /* low-precision tensors go to adam_lowbit.c (it checks its own before touching memory) */
+        const acc_adam_tensor **low = (const acc_adam_tensor **)malloc(nlow * sizeof(*low));
+        acc_adam_tensor *rest = (acc_adam_tensor *)malloc((nt - nlow + 1) * sizeof(*rest));
+        if (!low || !rest) {
+            free(low);
+            free(rest);
+            return ACC_ERR_NOMEM;
+        }
+        size_t a = 0, b = 0;
+        for (size_t k = 0; k < nt; k++) {
+            if (ts[k].state_dtype != ACC_F32) low[a++] = &ts[k];
+            else rest[b++] = ts[k];
+        }
+        acc_status st = acc_adam_lowbit_step(cfg, low, nlow, nthreads);
+        if (st == ACC_OK && b) st = acc_adam_step(cfg, rest, b, nthreads);
+        free(low);
+        free(rest);
+        return st;
+    }
     adam_item *items = (adam_item *)calloc(nt, sizeof(adam_item));
     size_t *ns = (size_t *)malloc(nt * sizeof(size_t));
     if (!items || !ns) {
@@ -69,29 +110,19 @@ acc_status acc_adam_step(const acc_adam_config *cfg, const acc_adam_tensor *ts, 
         free(ns);
         return ACC_ERR_NOMEM;
     }
-    /* torch computes these in Python floats (double) and hands them to float kernels */
-    float w = (float)(1.0 - cfg->beta1);
-    int from_end = !(fabsf(w) < 0.5f); /* ATen lerp: weight >= 0.5 uses end - (end - start) * (1 - weight) */
     size_t lp_total = 0;
     for (size_t k = 0; k < nt; k++) {
         const acc_adam_tensor *x = &ts[k];
         adam_item *t = &items[k];
-        double bc1 = 1.0 - pow(cfg->beta1, x->step), bc2 = 1.0 - pow(cfg->beta2, x->step);
-        double step_size = cfg->lr / bc1, bc2_sqrt = pow(bc2, 0.5), decay = 1.0 - cfg->lr * cfg->weight_decay;
-        if (cfg->lr_is_f32_tensor) {
-            step_size = (double)((float)cfg->lr / (float)bc1);
-            decay = (double)(1.0f - (float)cfg->lr * (float)cfg->weight_decay);
-        }
+        acc_adam_scalars c;
+        acc_adam_scalars_for(cfg, x->step, &c);
         *t = (adam_item){
             .param = x->param, .exp_avg = x->exp_avg, .exp_avg_sq = x->exp_avg_sq,
             .max_exp_avg_sq = cfg->amsgrad ? x->max_exp_avg_sq : NULL, .grad = x->grad,
             .lp_out = x->lp_out, .mirror = x->mirror, .grad_dtype = x->grad_dtype, .lp_dtype = x->lp_dtype,
-            .scaled = cfg->grad_scale != 1.0, .maximize = cfg->maximize,
-            .wd_mode = cfg->weight_decay == 0.0 ? 0 : (cfg->decoupled ? 1 : 2), .lerp_from_end = from_end,
-            .grad_scale = (float)cfg->grad_scale, .lerp_coeff = from_end ? w - 1.0f : w,
-            .beta2 = (float)cfg->beta2, .one_m_beta2 = (float)(1.0 - cfg->beta2),
-            .decay = (float)decay, .wd = (float)cfg->weight_decay,
-            .bc2_sqrt = (float)bc2_sqrt, .eps = (float)cfg->eps, .neg_step_size = (float)(-step_size),
+            .scaled = c.scaled, .maximize = c.maximize, .wd_mode = c.wd_mode, .lerp_from_end = c.lerp_from_end,
+            .grad_scale = c.grad_scale, .lerp_coeff = c.lerp_coeff, .beta2 = c.beta2, .one_m_beta2 = c.one_m_beta2,
+            .decay = c.decay, .wd = c.wd, .bc2_sqrt = c.bc2_sqrt, .eps = c.eps, .neg_step_size = c.neg_step_size,
         };
         ns[k] = x->n;
         lp_total += x->lp_out ? x->n : 0;

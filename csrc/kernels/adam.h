@@ -13,6 +13,8 @@
  * <= ~1e-7 relative (torch's own scalar tail loops round addcdiv/div differently from its vector body, so
  * full bit equality with torch is not attainable). Two divisions and one sqrt per element: measured in-cache
  * at ~5.6 Gparam/s per core (AVX-512), far above the DRAM-bound rate, so the exactness costs nothing. 
+ * The same update with exp_avg/exp_avg_sq held in bf16 or in 8-bit block-wise codes is adam_lowbit.c's
+ * (acc_adam_tensor.state_dtype); acc_adam_step dispatches each tensor to its path.
  * Not for: Python objects, the non-finite check (optim_util.h) or state allocation. */
 #ifndef ACC_ADAM_H
 #define ACC_ADAM_H
@@ -24,14 +26,21 @@
 typedef struct {
     float *param;           /* fp32, n elements, updated in place */
     const void *grad;       /* n elements of grad_dtype */
-    float *exp_avg, *exp_avg_sq;
-    float *max_exp_avg_sq;  /* amsgrad only, else NULL */
+    void *exp_avg, *exp_avg_sq; /* state_dtype elements each (ACC_U8: one code byte per element) */
+    float *max_exp_avg_sq;  /* amsgrad only (fp32 state only), else NULL */
     void *lp_out;           /* optional bf16/fp16 copy of the updated param (NULL: none) */
     float *mirror;          /* optional fp32 copy of the updated param, e.g. a peer's replica (NULL: none) */
     size_t n;
     double step;            /* the step number this update makes (torch: state['step'] after += 1) */
     acc_dtype grad_dtype;   /* ACC_F32, ACC_BF16, ACC_F16 */
     acc_dtype lp_dtype;     /* ACC_BF16 or ACC_F16 when lp_out != NULL */
+    /* Low-precision state (adam_lowbit.c); a zeroed struct means fp32 state. */
+    acc_dtype state_dtype;  /* ACC_F32; ACC_BF16 (stochastic rounding on the write); ACC_U8 (8-bit block-wise,
+                               qmap.h: exp_avg signed codes, exp_avg_sq unsigned codes) */
+    float *exp_avg_absmax, *exp_avg_sq_absmax; /* ACC_U8: ceil(n / ACC_QBLOCK) block scales each */
+    uint64_t offset;        /* this slice's first element within its logical tensor: the bf16 rounding bits
+                               follow the logical index; ACC_U8 slices must start on a block (offset % 256 == 0) */
+    uint64_t salt;          /* ACC_BF16: mixed with the step into the rounding seed (the tensor's position) */
 } acc_adam_tensor;
 
 typedef struct {
@@ -46,5 +55,19 @@ typedef struct {
 /* Updates every tensor of ts[0..nt) on up to nthreads threads. The result does not depend on nthreads or
  * on the SIMD level. Checks arguments (dtypes, amsgrad buffers) before touching any memory. */
 acc_status acc_adam_step(const acc_adam_config *cfg, const acc_adam_tensor *ts, size_t nt, int nthreads);
+
+/* The per-tensor float scalars of one update (shared by the fp32 and the low-precision paths, so both round
+ * lr/bc1, sqrt(bc2), 1 - lr*wd the same way). wd_mode: 0 none, 1 decoupled, 2 L2. */
+typedef struct {
+    int scaled, maximize, wd_mode, lerp_from_end;
+    float grad_scale, lerp_coeff, beta2, one_m_beta2, decay, wd, bc2_sqrt, eps, neg_step_size;
+} acc_adam_scalars;
+
+void acc_adam_scalars_for(const acc_adam_config *cfg, double step, acc_adam_scalars *out);
+
+/* The low-precision-state part of acc_adam_step (adam_lowbit.c): the tensors whose state_dtype is not ACC_F32.
+ * Same contract; the 8-bit tensors are split between threads in whole blocks. */
+acc_status acc_adam_lowbit_step(const acc_adam_config *cfg, const acc_adam_tensor *const *ts, size_t nt,
+                                int nthreads);
 
 #endif

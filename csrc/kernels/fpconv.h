@@ -1,7 +1,8 @@
 /* fpconv.h: exact scalar conversions between fp32 and bf16 / fp16 / float8 (e4m3fn, e5m2), written to
  * give the same bits as torch 2.13's CPU vectorised casts (and as the F16C instructions for fp16).
  * These are the reference the SIMD paths in cast.c must match bit for bit, and the scalar fallback.
- * Not for: anything that needs Python, or rounding modes other than round-to-nearest-even.
+ * Not for: anything that needs Python, or rounding modes other than round-to-nearest-even (one exception:
+ * acc_f32_to_bf16_sr, the stochastic rounding the bf16 optimizer state is written with).
  *
  * NaN encodings chosen (what torch 2.13 produces on its vectorised path):
  *   fp32 -> bf16 : 0xFFFF for every NaN (ATen's vec trick); torch's scalar c10 path gives 0x7FC0, which
@@ -49,6 +50,16 @@ static inline uint16_t acc_f32_to_bf16(float f, uint16_t nan) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return nan;
     u += 0x7fffu + ((u >> 16) & 1);
     return (uint16_t)(u >> 16);
+}
+
+/* fp32 -> bf16 with stochastic rounding: the 16 bits dropped are compared with `rnd` (uniform in
+ * [0, 2^16)), so the result rounds up with probability (dropped bits) / 2^16 and E[result] = f. NaN -> 0x7FC0;
+ * a finite value may round up to inf only from above the largest bf16 (as RNE would). The SIMD paths in
+ * kernels/lowbit_ops.inc do the same integer add and must give the same bits. */
+static inline uint16_t acc_f32_to_bf16_sr(float f, uint32_t rnd) {
+    uint32_t u = acc_f2u(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((u + (rnd & 0xffffu)) >> 16);
 }
 
 static inline uint16_t acc_f32_to_f16(float f) {

@@ -37,13 +37,18 @@ static int seg_range(void *vctx, size_t begin, size_t end, int chunk) {
 }
 
 acc_status acc_segments_parallel(const size_t *ns, size_t nseg, int nthreads, acc_seg_fn fn, void *ctx) {
+    return acc_segments_parallel_min(ns, nseg, nthreads, ACC_OPTIM_MIN_PER_THREAD, fn, ctx);
+}
+
+acc_status acc_segments_parallel_min(const size_t *ns, size_t nseg, int nthreads, size_t min_per_thread,
+                                     acc_seg_fn fn, void *ctx) {
     if (nseg == 0) return ACC_OK;
     size_t *start = (size_t *)malloc((nseg + 1) * sizeof(size_t));
     if (!start) return ACC_ERR_NOMEM;
     start[0] = 0;
     for (size_t k = 0; k < nseg; k++) start[k + 1] = start[k] + ns[k];
     seg_job j = {ns, start, nseg, fn, ctx};
-    int rc = acc_parallel_for(start[nseg], nthreads, ACC_OPTIM_MIN_PER_THREAD, seg_range, &j, NULL);
+    int rc = acc_parallel_for(start[nseg], nthreads, min_per_thread, seg_range, &j, NULL);
     free(start);
     return (acc_status)rc;
 }

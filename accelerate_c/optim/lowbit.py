@@ -1,0 +1,173 @@
+# lowbit.py: the layouts of Adam's state in low precision and the conversions between them. A param's state is
+# in one of three layouts, told apart by the dtype of state["exp_avg"]:
+#   "float32"   torch's own: exp_avg, exp_avg_sq fp32 tensors shaped like the param;
+#   "bfloat16"  the same keys in bf16 (the kernel writes them with stochastic rounding);
+#   "8bit"      exp_avg / exp_avg_sq uint8 codes shaped like the param (signed / unsigned dynamic map, see
+#               csrc/kernels/qmap.h) plus exp_avg_absmax / exp_avg_sq_absmax, fp32, one per 256-element block.
+# A group's "state_dtype" picks the layout; "8bit" keeps params under "min_8bit_size" elements in fp32.
+# Not for: the optimizer classes (adamw.py) or the kernel call (_fused.py).
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import _C
+
+QBLOCK = 256
+MIN_8BIT_SIZE = 4096
+LAYOUTS = ("float32", "bfloat16", "8bit")
+_ALIASES = {"float32": "float32", "fp32": "float32", "float": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+            "8bit": "8bit", "int8": "8bit", "uint8": "8bit"}
+_KEYS_8BIT = ("exp_avg", "exp_avg_sq", "exp_avg_absmax", "exp_avg_sq_absmax")
+
+
+def canonical_state_dtype(value: Any) -> str:
+    """torch.float32 / torch.bfloat16 / "8bit" (and their spellings) -> "float32" / "bfloat16" / "8bit"."""
+    if value is None:
+        return "float32"
+    if isinstance(value, torch.dtype):
+        value = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.uint8: "8bit"}.get(value, str(value))
+    name = _ALIASES.get(str(value).lower())
+    if name is None:
+        raise ValueError(f"state_dtype={value!r} is not supported; choose torch.float32, torch.bfloat16 or '8bit'")
+    return name
+
+
+def layout_for(group: dict, p: torch.Tensor) -> str:
+    """The layout this group keeps p's state in."""
+    sd = group.get("state_dtype", "float32")
+    if sd == "8bit" and p.numel() < group.get("min_8bit_size", MIN_8BIT_SIZE):
+        return "float32"
+    return sd
+
+
+def layout_of(state: dict) -> str | None:
+    """The layout a state dict entry is in (None: no exp_avg yet)."""
+    t = state.get("exp_avg")
+    if not isinstance(t, torch.Tensor):
+        return None
+    if t.dtype == torch.uint8:
+        return "8bit"
+    return "bfloat16" if t.dtype == torch.bfloat16 else "float32"
+
+
+def nblocks(n: int) -> int:
+    return (n + QBLOCK - 1) // QBLOCK
+
+
+def quantize(x: torch.Tensor, signed: bool, num_threads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block-wise 8-bit codes (shaped like x) and fp32 absmax (one per 256 elements) of a float tensor."""
+    flat = x.detach().to(torch.float32).contiguous().view(-1)
+    codes = torch.empty(x.shape, dtype=torch.uint8)
+    absmax = torch.empty(nblocks(flat.numel()), dtype=torch.float32)
+    _C.quantize_blockwise(flat.cpu(), codes.view(-1), absmax, bool(signed), num_threads or torch.get_num_threads())
+    return codes, absmax
+
+
+def dequantize(codes: torch.Tensor, absmax: torch.Tensor, signed: bool, num_threads: int | None = None) -> torch.Tensor:
+    """fp32 values (shaped like codes) of block-wise 8-bit codes."""
+    out = torch.empty(codes.shape, dtype=torch.float32)
+    _C.dequantize_blockwise(codes.contiguous().view(-1), absmax.to(torch.float32).contiguous(), out.view(-1),
+                            bool(signed), num_threads or torch.get_num_threads())
+    return out
+
+
+def new_state(p: torch.Tensor, layout: str) -> dict:
+    """Zero exp_avg / exp_avg_sq for p in `layout` (the step counter is the caller's)."""
+    if layout == "float32":
+        return {"exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+    if layout == "bfloat16":
+        return {"exp_avg": torch.zeros(p.shape, dtype=torch.bfloat16),
+                "exp_avg_sq": torch.zeros(p.shape, dtype=torch.bfloat16)}
+    nb = nblocks(p.numel())
+    return {"exp_avg": torch.zeros(p.shape, dtype=torch.uint8), "exp_avg_sq": torch.zeros(p.shape, dtype=torch.uint8),
+            "exp_avg_absmax": torch.zeros(nb), "exp_avg_sq_absmax": torch.zeros(nb)}
+
+
+def _fp32_moments(state: dict, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if layout == "8bit":
+        return (dequantize(state["exp_avg"], state["exp_avg_absmax"], True),
+                dequantize(state["exp_avg_sq"], state["exp_avg_sq_absmax"], False))
+    return state["exp_avg"].to(torch.float32), state["exp_avg_sq"].to(torch.float32)
+
+
+def convert(state: dict, p: torch.Tensor, layout: str) -> None:
+    """Rewrites state's moments in place into `layout` (fp32 -> 8-bit quantises, 8-bit -> fp32 dequantises,
+    bf16 <-> fp32 casts with round-to-nearest). A state already in `layout` is left untouched (bitwise)."""
+    have = layout_of(state)
+    if have is None or have == layout:
+        return
+    m, v = _fp32_moments(state, have)
+    for k in _KEYS_8BIT[2:]:
+        state.pop(k, None)
+    if layout == "8bit":
+        state["exp_avg"], state["exp_avg_absmax"] = quantize(m, True)
+        state["exp_avg_sq"], state["exp_avg_sq_absmax"] = quantize(v, False)
+    elif layout == "bfloat16":
+        state["exp_avg"], state["exp_avg_sq"] = m.to(torch.bfloat16), v.to(torch.bfloat16)
+    else:
+        state["exp_avg"], state["exp_avg_sq"] = m.to(p.dtype).view_as(p), v.to(p.dtype).view_as(p)
+
+
+def restore_dtypes(state: dict, layout: str) -> None:
+    """Undoes torch's load_state_dict cast of every floating state tensor to the param's dtype (lossless for
+    uint8 codes and bf16 values): puts `layout`'s dtypes back."""
+    if layout == "8bit":
+        for k in ("exp_avg", "exp_avg_sq"):
+            if state[k].dtype != torch.uint8:
+                state[k] = state[k].to(torch.uint8)
+        for k in _KEYS_8BIT[2:]:
+            state[k] = state[k].to(torch.float32)
+    elif layout == "bfloat16":
+        for k in ("exp_avg", "exp_avg_sq"):
+            state[k] = state[k].to(torch.bfloat16)
+
+
+def check_state(state: dict, p: torch.Tensor, layout: str) -> str | None:
+    """None when state (in `layout`) can go to the kernel as is, else what is wrong with it."""
+    for k in ("exp_avg", "exp_avg_sq"):
+        t = state.get(k)
+        if (not isinstance(t, torch.Tensor) or t.device.type != "cpu" or not t.is_contiguous()
+                or t.numel() != p.numel()):
+            return f"state[{k!r}] must be a contiguous CPU tensor with {p.numel()} elements"
+    if layout == "8bit":
+        for k in _KEYS_8BIT[2:]:
+            t = state.get(k)
+            if (not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or not t.is_contiguous()
+                    or t.numel() != nblocks(p.numel())):
+                return f"state[{k!r}] must be a contiguous fp32 tensor of {nblocks(p.numel())} block scales"
+    return None
+
+
+def state_dict_to_fp32(state_dict: dict) -> dict:
+    """A copy of an optimizer state_dict with every param's moments in torch's fp32 layout (what torch.optim.Adam/
+    AdamW load): 8-bit codes dequantised, bf16 widened; the groups' state_dtype entries dropped."""
+    out_state = {}
+    for k, st in state_dict["state"].items():
+        st = dict(st)
+        layout = layout_of(st)
+        if layout not in (None, "float32"):
+            m, v = _fp32_moments(st, layout)
+            for key in _KEYS_8BIT[2:]:
+                st.pop(key, None)
+            st["exp_avg"], st["exp_avg_sq"] = m, v
+        out_state[k] = st
+    groups = [{k: v for k, v in g.items() if k not in ("state_dtype", "min_8bit_size")}
+              for g in state_dict["param_groups"]]
+    return {"state": out_state, "param_groups": groups}
+
+
+def state_nbytes(optimizer: torch.optim.Optimizer) -> tuple[int, int]:
+    """(bytes of the moment tensors held, including block scales; number of params with state)."""
+    total, n = 0, 0
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            st = optimizer.state.get(p)
+            if not st:
+                continue
+            n += p.numel()
+            total += sum(t.numel() * t.element_size() for k, t in st.items()
+                         if k != "step" and isinstance(t, torch.Tensor))
+    return total, n
