@@ -3,7 +3,9 @@
 # whole process tree is killed when it outlives its timeout (so no test can hang, and a failure shows
 # every process's output).
 # Not for: test logic.
+import atexit
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -24,6 +26,13 @@ def free_port() -> int:
 
 
 _EMPTY_DIR = tempfile.mkdtemp(prefix="accelerate_c_tests_cfg_")
+_OWNER_PID = os.getpid()
+
+
+@atexit.register
+def _remove_empty_dir() -> None:  # only in the pytest process, not in a forked child that exits normally
+    if os.getpid() == _OWNER_PID:
+        shutil.rmtree(_EMPTY_DIR, ignore_errors=True)
 
 
 def clean_env(**extra: str) -> dict:
