@@ -4,6 +4,7 @@
 # every process's output).
 # Not for: test logic.
 import atexit
+import importlib
 import os
 import shutil
 import socket
@@ -33,6 +34,23 @@ _OWNER_PID = os.getpid()
 def _remove_empty_dir() -> None:  # only in the pytest process, not in a forked child that exits normally
     if os.getpid() == _OWNER_PID:
         shutil.rmtree(_EMPTY_DIR, ignore_errors=True)
+
+
+def reset_state(mod_name: str) -> None:
+    """`accelerate` or `accelerate_c` back to no AcceleratorState / GradientState (process-wide singletons)."""
+    state = importlib.import_module(f"{mod_name}.state")
+    state.AcceleratorState._reset_state(True)
+    state.GradientState._reset_state()
+
+
+@pytest.fixture
+def clean_state():
+    """Both libraries' states reset before and after the test (in-process Accelerator tests)."""
+    for m in ("accelerate", "accelerate_c"):
+        reset_state(m)
+    yield
+    for m in ("accelerate", "accelerate_c"):
+        reset_state(m)
 
 
 def clean_env(**extra: str) -> dict:

@@ -6,21 +6,10 @@ import importlib
 
 import pytest
 import torch
+from conftest import reset_state
 
 
-def _reset(mod_name):
-    state = importlib.import_module(f"{mod_name}.state")
-    state.AcceleratorState._reset_state(True)
-    state.GradientState._reset_state()
-
-
-@pytest.fixture(autouse=True)
-def clean_state():
-    for m in ("accelerate", "accelerate_c"):
-        _reset(m)
-    yield
-    for m in ("accelerate", "accelerate_c"):
-        _reset(m)
+pytestmark = pytest.mark.usefixtures("clean_state")
 
 
 def _run_loop(mod_name, grad_accum, n_samples, batch, sched_cls="step"):
@@ -44,7 +33,7 @@ def _run_loop(mod_name, grad_accum, n_samples, batch, sched_cls="step"):
             opt.zero_grad()
             trace.append((acc.sync_gradients, acc.step, acc.gradient_state.end_of_dataloader,
                           sched.get_last_lr()[0], grad, model.weight.detach().clone(), loss.item()))
-    _reset(mod_name)
+    reset_state(mod_name)
     return trace
 
 
@@ -222,7 +211,7 @@ def _probes(mod_name, **kwargs):
     got["state.dynamo_plugin"] = _answer(lambda: st.dynamo_plugin.to_dict())
     # HF leaves these unset (AttributeError); ours are None: the same for getattr(state, name, None) checks
     got["unset_plugins"] = [getattr(st, n, None) for n in ("fsdp_plugin", "megatron_lm_plugin")]
-    _reset(mod_name)
+    reset_state(mod_name)
     return got
 
 
@@ -242,11 +231,11 @@ def test_unset_plugins_are_none_and_sharded_engines_still_refused():
     import accelerate_c
     acc = accelerate_c.Accelerator(cpu=True)
     assert acc.state.fsdp_plugin is None and acc.state.megatron_lm_plugin is None
-    _reset("accelerate_c")
+    reset_state("accelerate_c")
     for kwarg in ("fsdp_plugin", "deepspeed_plugin", "megatron_lm_plugin", "parallelism_config"):
         with pytest.raises(NotImplementedError, match="not supported yet"):
             accelerate_c.Accelerator(cpu=True, **{kwarg: object()})
-        _reset("accelerate_c")
+        reset_state("accelerate_c")
 
 
 def test_fp8_probes(monkeypatch):

@@ -7,26 +7,16 @@ import importlib
 
 import pytest
 import torch
+from conftest import reset_state
 
 _ENV = ("ACCELERATE_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_MODE", "ACCELERATE_DYNAMO_USE_FULLGRAPH",
         "ACCELERATE_DYNAMO_USE_DYNAMIC", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION")
 
 
-def _reset(mod_name: str) -> None:
-    state = importlib.import_module(f"{mod_name}.state")
-    state.AcceleratorState._reset_state(True)
-    state.GradientState._reset_state()
-
-
 @pytest.fixture(autouse=True)
-def clean(monkeypatch):
+def clean(monkeypatch, clean_state):
     for k in _ENV:
         monkeypatch.delenv(k, raising=False)
-    for m in ("accelerate", "accelerate_c"):
-        _reset(m)
-    yield
-    for m in ("accelerate", "accelerate_c"):
-        _reset(m)
 
 
 def _plugin(mod_name: str, **kw):
@@ -63,7 +53,7 @@ def test_backend_and_plugin_are_exclusive_as_hf():
         with pytest.raises(ValueError) as e:
             mod.Accelerator(cpu=True, dynamo_backend="eager", dynamo_plugin=_plugin(mod_name))
         errors.append(str(e.value))
-        _reset(mod_name)
+        reset_state(mod_name)
     assert errors[0] == errors[1]
 
 
@@ -76,7 +66,7 @@ def _compile_calls(mod_name: str, monkeypatch, **acc_kwargs) -> tuple:
         acc = mod.Accelerator(cpu=True, **acc_kwargs)
         acc.prepare(torch.nn.Linear(2, 2))
     backend = acc.state.dynamo_plugin.backend.value
-    _reset(mod_name)
+    reset_state(mod_name)
     return calls, backend
 
 
@@ -140,7 +130,7 @@ def _train(steps: int = 3, **acc_kwargs) -> tuple:
         losses.append(loss.item())
     unwrapped = acc.unwrap_model(model, keep_torch_compile=False)
     params = [p.detach().clone() for p in unwrapped.parameters()]
-    _reset("accelerate_c")
+    reset_state("accelerate_c")
     return model, unwrapped is net, losses, params
 
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 import torch
+from simd_levels import LEVELS, simd
 
-from accelerate_c import _C
 from test_shm import CHUNK, DTYPES, SMALL, _close, _free_port, _ref_all_reduce, _same_everywhere, run
 
 
@@ -61,18 +61,13 @@ def _w_reduce_into(rank, ws):
                 assert _same_everywhere(out), (dtype, n, op)
                 checked += 1
     # every SIMD level gives the same bits for sum_div (one-pass 2-source kernel and the block kernel)
-    level = _C.simd_level()
     x = torch.randn(3000, generator=gen) * 50
     results = {}
-    for lvl in ("scalar", "avx2", "avx512"):
-        try:
-            _C.simd_level(lvl)
-        except ValueError:
-            continue
-        for dtype in (torch.float32, torch.bfloat16, torch.float16):
-            out = torch.empty(3000, dtype=dtype)
-            results.setdefault(dtype, []).append(g.all_reduce_into(out, x.to(dtype), "sum_div"))
-    _C.simd_level(level)
+    for lvl in LEVELS:
+        with simd(lvl):
+            for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                out = torch.empty(3000, dtype=dtype)
+                results.setdefault(dtype, []).append(g.all_reduce_into(out, x.to(dtype), "sum_div"))
     for dtype, rs in results.items():
         assert all(torch.equal(rs[0], r) for r in rs), dtype
     # sum_div rounds the sum first, as HF's `/=` after the all-reduce: an fp16 sum that overflows stays inf

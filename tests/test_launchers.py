@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, SCRIPTS, alive, clean_env, free_port
+from conftest import ROOT, SCRIPTS, alive, clean_env, free_port, reset_state
 
 SCRIPT = os.path.join(SCRIPTS, "launcher_train.py")
 
@@ -76,11 +76,6 @@ def test_failed_rank_stops_the_others_and_raises(mode, tmp_path):
     assert not any(alive(p) for p in pids), f"ranks left running: {[p for p in pids if alive(p)]}"
 
 
-def _reset(mod_name: str) -> None:
-    state = importlib.import_module(f"{mod_name}.state")
-    state.AcceleratorState._reset_state(True)
-    state.GradientState._reset_state()
-
 
 def _argument_errors(mod_name: str) -> list:
     """(type, message) of each notebook_launcher misuse HF rejects before launching anything."""
@@ -91,14 +86,14 @@ def _argument_errors(mod_name: str) -> list:
             mod.notebook_launcher(print, **kwargs)
         except Exception as e:  # noqa: BLE001 - compared below
             got.append((type(e).__name__, str(e)))
-    _reset(mod_name)
+    reset_state(mod_name)
     mod.Accelerator(cpu=True)
     try:
         mod.notebook_launcher(print, num_processes=2)
     except Exception as e:  # noqa: BLE001
         got.append((type(e).__name__, str(e)))
     finally:
-        _reset(mod_name)
+        reset_state(mod_name)
     return got
 
 

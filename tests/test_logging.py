@@ -9,22 +9,13 @@ import os
 
 import pytest
 from _tracking_runs import two_process_runs
-
-
-def _reset(mod_name):
-    state = importlib.import_module(f"{mod_name}.state")
-    state.AcceleratorState._reset_state(True)
-    state.GradientState._reset_state()
+from conftest import reset_state
 
 
 @pytest.fixture(autouse=True)
-def clean_state():
+def clean(clean_state):
     root_level = logging.getLogger().level
-    for m in ("accelerate", "accelerate_c"):
-        _reset(m)
     yield
-    for m in ("accelerate", "accelerate_c"):
-        _reset(m)
     logging.getLogger().setLevel(root_level)
 
 
@@ -68,7 +59,7 @@ def _single_process_records(mod_name, level):
         _emit_all(logger)
     finally:
         logger.logger.removeHandler(collect)
-    _reset(mod_name)
+    reset_state(mod_name)
     return collect.records
 
 

@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from simd_levels import LEVELS, simd
 
 from accelerate_c import _C, ops
 
@@ -20,17 +21,10 @@ OUTS = [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch
 INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 
-def _levels():
-    det = _C.simd_detected()
-    return ["scalar", "avx2", "avx512"][: ["scalar", "avx2", "avx512"].index(det) + 1]
-
-
-@pytest.fixture(params=_levels())
+@pytest.fixture(params=LEVELS)
 def level(request):
-    before = _C.simd_level()
-    assert _C.simd_level(request.param) == request.param
-    yield request.param
-    _C.simd_level(before)
+    with simd(request.param):
+        yield request.param
 
 
 @pytest.fixture(params=[1, 2])

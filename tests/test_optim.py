@@ -7,23 +7,12 @@ import copy
 
 import pytest
 import torch
+from simd_levels import LEVELS, simd
 
 import accelerate_c._C as C
 from accelerate_c import optim as aopt
 
 SHAPES = [(1,), (17,), (5, 3), (33, 7), (1031,), (64, 65)]
-LEVELS = [lv for lv in ("scalar", "avx2", "avx512")
-          if ["scalar", "avx2", "avx512"].index(lv) <= ["scalar", "avx2", "avx512"].index(C.simd_detected())]
-
-
-@contextlib.contextmanager
-def simd(level):
-    old = C.simd_level()
-    C.simd_level(level)
-    try:
-        yield
-    finally:
-        C.simd_level(old)
 
 
 @contextlib.contextmanager

@@ -5,33 +5,21 @@
 # bitwise resume, prepare with bf16/fp16 mixed precision and clipping, 2-process DDP (split step on and off), the
 # quantisation error pinned below bitsandbytes' published figures, and a short convergence check.
 # Not for: timing (benchmarks/optimizer.py) or the 300-step convergence run (benchmarks/convergence.py).
-import contextlib
 import copy
 import os
 import sys
 
 import pytest
 import torch
+from simd_levels import LEVELS, simd
 from bitwise import same
 
 import accelerate_c._C as C
 from accelerate_c import optim as aopt
 from accelerate_c.optim import lowbit
 
-LEVELS = [lv for lv in ("scalar", "avx2", "avx512")
-          if ["scalar", "avx2", "avx512"].index(lv) <= ["scalar", "avx2", "avx512"].index(C.simd_detected())]
 U32 = 0xFFFFFFFF
 U64 = (1 << 64) - 1
-
-
-@contextlib.contextmanager
-def simd(level):
-    old = C.simd_level()
-    C.simd_level(level)
-    try:
-        yield
-    finally:
-        C.simd_level(old)
 
 
 # ---------------------------------------------------------------------------------------- reference (plain torch)

@@ -13,6 +13,7 @@ import traceback
 
 import pytest
 import torch
+from simd_levels import LEVELS, simd
 
 from accelerate_c import _C
 
@@ -151,13 +152,10 @@ def _w_collectives(rank, ws):
     # every SIMD level gives the same bits on the reduction kernels
     x = (torch.randn(3000, generator=gen) * 50)
     results = {}
-    for lvl in ("scalar", "avx2", "avx512"):
-        try:
-            _C.simd_level(lvl)
-        except ValueError:
-            continue
-        for dtype in (torch.float32, torch.bfloat16, torch.float16):
-            results.setdefault(dtype, []).append(g.all_reduce(x.to(dtype, copy=True), "sum"))
+    for lvl in LEVELS:
+        with simd(lvl):
+            for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                results.setdefault(dtype, []).append(g.all_reduce(x.to(dtype, copy=True), "sum"))
     for dtype, rs in results.items():
         assert all(torch.equal(rs[0], r) for r in rs), dtype
     # zero-copy: tensors living in the segment, whole and sliced, every op

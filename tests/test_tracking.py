@@ -17,21 +17,10 @@ import pytest
 import torch
 import yaml
 from _tracking_runs import two_process_runs
+from conftest import reset_state
 
 
-def _reset(mod_name):
-    state = importlib.import_module(f"{mod_name}.state")
-    state.AcceleratorState._reset_state(True)
-    state.GradientState._reset_state()
-
-
-@pytest.fixture(autouse=True)
-def clean_state():
-    for m in ("accelerate", "accelerate_c"):
-        _reset(m)
-    yield
-    for m in ("accelerate", "accelerate_c"):
-        _reset(m)
+pytestmark = pytest.mark.usefixtures("clean_state")
 
 
 # ---- TensorBoard ------------------------------------------------------------------------------------------
@@ -79,7 +68,7 @@ def _tensorboard_run(mod_name, project_dir):
     acc.log({"final": 7.5})  # no step: TensorBoard's default
     writer = acc.get_tracker("tensorboard", unwrap=True)
     acc.end_training()
-    _reset(mod_name)
+    reset_state(mod_name)
     return writer
 
 
@@ -123,7 +112,7 @@ def test_jsonl_records(tmp_path):
                                     "nested": {"x": 2}}
     assert records[2]["step"] is None and records[2]["values"]["nan"] != records[2]["values"]["nan"]
     # a second run of the same project appends (a resumed run keeps its history)
-    _reset("accelerate_c")
+    reset_state("accelerate_c")
     acc = Accelerator(log_with="jsonl", project_dir=str(tmp_path))
     acc.init_trackers("run")
     acc.log({"loss": 0.125}, step=4)
@@ -183,7 +172,7 @@ def _custom_run(mod_name, project_dir):
     with pytest.raises(ValueError, match="not an available tracker"):
         acc.get_tracker("wandb")
     acc.end_training()
-    _reset(mod_name)
+    reset_state(mod_name)
     return tracker.calls
 
 
@@ -269,7 +258,7 @@ def test_logging_dir_required_at_construction(monkeypatch, log_with):
     with pytest.raises(ValueError, match=r"requires a `logging_dir`.*project_dir"):
         Accelerator(log_with=log_with)
     if log_with == "tensorboard":  # HF refuses it at construction too
-        _reset("accelerate_c")
+        reset_state("accelerate_c")
         import accelerate
 
         with pytest.raises(ValueError, match="requires a `logging_dir`"):
@@ -287,7 +276,7 @@ def test_all_selects_the_installed_trackers(monkeypatch, tmp_path):
     custom = _recording_tracker(importlib.import_module("accelerate_c.tracking").GeneralTracker)
     acc = Accelerator(log_with=[LoggerType.ALL, custom, "tensorboard"], project_dir=str(tmp_path))
     assert acc.log_with == [custom, LoggerType.TENSORBOARD, LoggerType.MLFLOW, LoggerType.JSONL]
-    _reset("accelerate_c")
+    reset_state("accelerate_c")
     acc = Accelerator(log_with=["jsonl", LoggerType.JSONL, "tensorboard"], project_dir=str(tmp_path))
     assert acc.log_with == [LoggerType.JSONL, LoggerType.TENSORBOARD]
 
@@ -340,7 +329,7 @@ def _hosted_run(mod_name, name, project_dir, monkeypatch):
     for values, step in HOSTED_LOGS:
         acc.log(values, step=step)
     acc.end_training()
-    _reset(mod_name)
+    reset_state(mod_name)
     return fake.mock_calls
 
 
@@ -418,7 +407,7 @@ def _profile_run(mod_name, trace_dir):
         for _ in range(6):
             model(torch.randn(3, 8)).sum()
             prof.step()
-    _reset(mod_name)
+    reset_state(mod_name)
     return ops, ready
 
 

@@ -15,21 +15,10 @@ import torch
 import accelerate.utils as hf_utils
 import accelerate_c
 import accelerate_c.utils as ac_utils
+from conftest import reset_state
 
 
-def _reset(mod_name: str) -> None:
-    state = importlib.import_module(f"{mod_name}.state")
-    state.AcceleratorState._reset_state(True)
-    state.GradientState._reset_state()
-
-
-@pytest.fixture(autouse=True)
-def clean_state():
-    for m in ("accelerate", "accelerate_c"):
-        _reset(m)
-    yield
-    for m in ("accelerate", "accelerate_c"):
-        _reset(m)
+pytestmark = pytest.mark.usefixtures("clean_state")
 
 
 def test_hf_names_are_exported():
