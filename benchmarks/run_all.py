@@ -9,21 +9,23 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCHMARKS = ["overhead.py", "allreduce.py", "everyday.py", "ddp_step.py", "optimizer.py", "cast.py",
-              "convergence.py", "checkpoint.py"]
+BENCHMARKS = [["overhead.py"], ["allreduce.py"], ["everyday.py"], ["ddp_step.py"], ["optimizer.py"],
+              ["optimizer.py", "--lowbit"], ["cast.py"], ["convergence.py"], ["convergence.py", "--optim"],
+              ["checkpoint.py"]]
 
 
 def main() -> int:
     extra = sys.argv[1:]
     failed = []
-    for name in BENCHMARKS:
+    for name, *args in BENCHMARKS:
         path = os.path.join(HERE, name)
         if not os.path.exists(path):
             continue
-        print(f"\n===== {name} =====", flush=True)
-        rc = subprocess.call([sys.executable, path, *extra])
+        title = " ".join([name, *args])
+        print(f"\n===== {title} =====", flush=True)
+        rc = subprocess.call([sys.executable, path, *args, *extra])
         if rc != 0:
-            failed.append(name)
+            failed.append(title)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
