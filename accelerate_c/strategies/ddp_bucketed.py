@@ -17,16 +17,15 @@
 # Not for: the transport (accelerate_c.comm) or the reference path (strategies/ddp.py).
 from __future__ import annotations
 
-import contextlib
 import warnings
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 import torch.distributed as dist
 
 from .. import _C
 from . import register
-from .ddp import DataParallel, DataParallelModule, DDPConfig, broadcast_coalesced
+from .ddp import DataParallel, DDPConfig, broadcast_coalesced
 from .sharded_step import OptimizerShard, ParamShards, state_keys
 
 FIRST_BUCKET_BYTES = 1 << 20
