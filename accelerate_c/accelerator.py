@@ -15,7 +15,7 @@ import torch
 from . import _C
 from .checkpoint_api import CheckpointAPI
 from .optimizer import AcceleratedOptimizer
-from .precision import fused_optimizer_enabled, make_precision
+from .precision import make_precision
 from .probes import AcceleratorProbes
 from .process_api import ProcessAPI
 from .scheduler import AcceleratedScheduler
@@ -113,11 +113,12 @@ class Accelerator(AcceleratorProbes, ProcessAPI, CheckpointAPI, TrackingAPI, _C.
         self._process_index = self.state.process_index
         self._local_process_index = self.state.local_process_index
         self._mixed_precision_code = _MP_CODES[self.state.mixed_precision]
-        self.precision = make_precision(self.state.mixed_precision, self.device, self.handlers)
+        self.strategy = select_strategy(StrategyContext(self.state, self.handlers))
+        # the precision's C kernels (fp16 unscale) follow the same switch as the strategy's optimizer step
+        self.precision = make_precision(self.state.mixed_precision, self.device, self.handlers,
+                                        fused_kernels=self.strategy.config.fused_optimizer)
         self.scaler = self.precision.scaler
         self.native_amp = self.state.mixed_precision in ("fp16", "bf16")
-        self.strategy = select_strategy(StrategyContext(self.state, self.precision, self.handlers))
-        self.use_fused_optimizer = fused_optimizer_enabled()
 
         self.flag_tensor: Optional[torch.Tensor] = None
         self._models: list = []
@@ -270,8 +271,7 @@ class Accelerator(AcceleratorProbes, ProcessAPI, CheckpointAPI, TrackingAPI, _C.
             device_placement = self.device_placement
         inner = self.strategy.prepare_optimizer(optimizer)
         wrapped = AcceleratedOptimizer(inner, precision=self.precision, strategy=self.strategy,
-                                       device_placement=device_placement, device=self.device,
-                                       use_fused=self.use_fused_optimizer)
+                                       device_placement=device_placement, device=self.device)
         wrapped._is_accelerate_prepared = True
         self._optimizers.append(wrapped)
         return wrapped

@@ -159,8 +159,8 @@ def convert_to_fp8(model: torch.nn.Module, cfg: FP8Config) -> torch.nn.Module:
 class FP8Precision(Precision):
     mode = "fp8"
 
-    def __init__(self, device: torch.device, handlers: dict[str, Any]) -> None:
-        super().__init__(device, handlers)
+    def __init__(self, device: torch.device, handlers: dict[str, Any], fused_kernels: bool = True) -> None:
+        super().__init__(device, handlers, fused_kernels)
         self.cfg = FP8Config.from_handler(handlers.get("FP8RecipeKwargs"))
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:

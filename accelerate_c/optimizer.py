@@ -1,8 +1,8 @@
 # accelerate_c/optimizer.py: AcceleratedOptimizer, the wrapper prepare() returns for a user optimizer.
-# step()/zero_grad() are no-ops while gradients accumulate (sync_gradients False); a synchronising step
-# goes through the precision object (loss-scale unscale/skip) and may use the fused C kernels
-# (accelerate_c.optim.fused_step) on the user's own torch optimizer, whose state stays torch's.
-# Not for: the kernels themselves (accelerate_c/optim/).
+# step()/zero_grad() are no-ops while gradients accumulate (sync_gradients False); a synchronising step is
+# the strategy's (Strategy.step(optimizer, precision, closure): fused C kernels or the optimizer's own step,
+# loss-scale unscale/skip through the precision object); the user's optimizer state stays torch's.
+# Not for: deciding how to step (strategies/base.py) or the kernels themselves (accelerate_c/optim/).
 from __future__ import annotations
 
 import inspect
@@ -15,15 +15,21 @@ from .state import GradientState
 
 class AcceleratedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, precision: Any = None, strategy: Any = None,
-                 device_placement: bool = True, device: Optional[torch.device] = None,
-                 use_fused: bool = False) -> None:
+                 device_placement: bool = True, device: Optional[torch.device] = None) -> None:
+        """precision / strategy: the Accelerator's objects; without them (a wrapper built by hand) full precision
+        and the single-process step, configured from the environment."""
+        if precision is None:
+            from .precision import Precision
+            precision = Precision(device or torch.device("cpu"), {})
+        if strategy is None:
+            from .strategies.base import Strategy, StrategyContext
+            strategy = Strategy(StrategyContext(state=None))
         self.optimizer = optimizer
         self.precision = precision
-        self.scaler = getattr(precision, "scaler", None)
+        self.scaler = precision.scaler
         self.strategy = strategy
         self.gradient_state = GradientState()
         self.device_placement = device_placement
-        self.use_fused = use_fused
         self._is_overflow = False
         if device_placement and device is not None and device.type != "cpu":
             from .utils.operations import send_to_device
@@ -66,7 +72,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
         if not self.gradient_state.sync_gradients:
             return
-        if self.strategy is not None and self.strategy.zero_grad(self.optimizer, True if set_to_none is None else set_to_none):
+        if self.strategy.zero_grad(self.optimizer, True if set_to_none is None else set_to_none):
             return
         if self._zero_grad_takes_set_to_none():
             self.optimizer.zero_grad(set_to_none=True if set_to_none is None else set_to_none)
@@ -84,26 +90,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self._zg_takes = "set_to_none" in inspect.signature(fn).parameters
         return self._zg_takes
 
-    def _inner_step(self, closure: Optional[Callable] = None) -> Any:
-        if self.use_fused and closure is None:
-            try:
-                from .optim import fused_step
-            except ImportError:  # extension built without the optimizer kernels
-                self.use_fused = False
-            else:
-                # True: stepped; False: unsupported configuration (fall through to torch's step)
-                if fused_step(self.optimizer) is not False:
-                    return None
-        return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
-
     def step(self, closure: Optional[Callable] = None) -> None:
         if not self.gradient_state.sync_gradients:
             return
-        if self.precision is not None and self.scaler is not None:
-            self._is_overflow = self.precision.step(self.optimizer, closure)
-        else:
-            self._inner_step(closure)
-            self._is_overflow = False
+        self._is_overflow = self.strategy.step(self.optimizer, self.precision, closure)
 
     def train(self) -> None:
         if callable(getattr(self.optimizer, "train", None)):

@@ -1,22 +1,34 @@
 # accelerate_c/precision.py: precision policies as objects that always exist (a no-op one when
 # mixed_precision="no"), so the Accelerator and strategies call them unconditionally:
 # autocast in forward, loss scaling with dynamic scale (fp16), unscale/skip logic around the step.
+# The optimizer step itself belongs to the strategy (strategies/base.py: Strategy.step); a precision only
+# answers its hooks: kernel_scale (how the fused kernels must treat the gradients), after_kernel_step and
+# torch_step (the optimizer's own step, wrapped in GradScaler's under fp16).
 # Not for: fp8 module swapping internals (fp8.py) or the fused kernels (ops.py, optim/).
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
 
-def fused_optimizer_enabled() -> bool:
-    """Whether optimizer steps may run on the fused C kernels (ACCELERATE_C_FUSED_OPTIMIZER=0 turns it off)."""
-    return os.environ.get("ACCELERATE_C_FUSED_OPTIMIZER", "1") != "0"
+@dataclass(frozen=True)
+class KernelScale:
+    """How a step on the fused kernels treats the gradients: multiply them by `grad_scale` inside the pass,
+    first check them (times the scale) for inf/NaN and skip the step if any (`check_nonfinite`), or skip it
+    outright (`skip`: the gradients were unscaled already and found non-finite)."""
+
+    grad_scale: Optional[float] = None
+    check_nonfinite: bool = False
+    skip: bool = False
+
+
+NO_SCALING = KernelScale()
 
 
 def _to_fp32(obj: Any) -> Any:
@@ -42,7 +54,9 @@ class Precision:
     mode = "no"
     autocast_dtype: Optional[torch.dtype] = None
 
-    def __init__(self, device: torch.device, handlers: dict[str, Any]) -> None:
+    def __init__(self, device: torch.device, handlers: dict[str, Any], fused_kernels: bool = True) -> None:
+        """fused_kernels: the strategy config's fused_optimizer (whether C kernels may do the precision's work;
+        nothing to do here)."""
         self.device = device
         self.handlers = handlers
         self.scaler: Optional[Any] = None
@@ -84,8 +98,18 @@ class Precision:
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         pass
 
-    def step(self, optimizer: torch.optim.Optimizer, closure: Optional[Callable] = None) -> bool:
-        """Runs optimizer.step; returns True when the step was skipped (never, here)."""
+    # -- the optimizer step's hooks (called by Strategy.step) ----------------------------------------------
+    def kernel_scale(self, optimizer: torch.optim.Optimizer) -> Optional[KernelScale]:
+        """How the fused kernels must treat the gradients for this step; None when they cannot express this
+        precision's scaling (the strategy then runs torch_step). No scaling here."""
+        return NO_SCALING
+
+    def after_kernel_step(self, optimizer: torch.optim.Optimizer, skipped: bool) -> bool:
+        """After a step on the kernels (or skipped before them); returns whether the step counts as skipped."""
+        return skipped
+
+    def torch_step(self, optimizer: torch.optim.Optimizer, closure: Optional[Callable] = None) -> bool:
+        """The optimizer's own step(); returns True when it was skipped (never, here)."""
         optimizer.step(closure) if closure is not None else optimizer.step()
         return False
 
@@ -100,17 +124,18 @@ class FP16Precision(Precision):
     with the CPU work done by the fused C kernels: the unscale + non-finite check is folded into the
     optimizer pass (accelerate_c.optim.fused_step(grad_scale=1/scale, skip_if_nonfinite=True)), or, when
     the user unscaled first (clip_grad_norm_), done by accelerate_c.ops in one pass. A step with a
-    non-finite gradient changes nothing and backs the scale off; `step` reports it as skipped."""
+    non-finite gradient changes nothing and backs the scale off; the strategy's step reports it as skipped."""
 
     mode = "fp16"
     autocast_dtype = torch.float16
 
-    def __init__(self, device: torch.device, handlers: dict[str, Any]) -> None:
-        super().__init__(device, handlers)
+    def __init__(self, device: torch.device, handlers: dict[str, Any], fused_kernels: bool = True) -> None:
+        super().__init__(device, handlers, fused_kernels)
         kw = handlers.get("GradScalerKwargs")
         kwargs = kw.to_kwargs() if kw is not None else {}
         self.scaler = torch.amp.GradScaler(device.type, **kwargs)
-        self.use_fused = device.type == "cpu" and fused_optimizer_enabled()
+        # the kernels work on CPU tensors; the scale state lives on the device
+        self.use_fused = device.type == "cpu" and fused_kernels
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss)
@@ -133,23 +158,21 @@ class FP16Precision(Precision):
         state["found_inf_per_device"] = {found_inf.device: found_inf}
         state["stage"] = OptState.UNSCALED
 
-    def step(self, optimizer: torch.optim.Optimizer, closure: Optional[Callable] = None) -> bool:
-        if not self.use_fused or closure is not None or not self.scaler.is_enabled():
-            return self._torch_step(optimizer, closure)
-        from .optim import fused_step
+    def kernel_scale(self, optimizer: torch.optim.Optimizer) -> Optional[KernelScale]:
+        """Gradients still scaled: unscale inside the kernels' pass, checking for inf/NaN first. Unscaled already
+        (unscale_ for clipping): step as they are, or skip when that found a non-finite one. None (GradScaler's
+        own path) off CPU, with the kernels turned off or with a disabled scaler."""
+        if not self.use_fused or not self.scaler.is_enabled():
+            return None
         state = self._state(optimizer)
         if state["stage"] is OptState.UNSCALED:
             found = sum(float(v) for v in state["found_inf_per_device"].values()) > 0
-            if not found and fused_step(optimizer) is False:
-                optimizer.step()
-        else:
-            inv_scale = float(self.scaler._scale.double().reciprocal().float())
-            result = fused_step(optimizer, grad_scale=inv_scale, skip_if_nonfinite=True)
-            if result is False:  # configuration the kernels do not take: torch's GradScaler path
-                return self._torch_step(optimizer, closure)
-            found = result is None
-        self._update(found)
-        return found
+            return KernelScale(skip=True) if found else NO_SCALING
+        return KernelScale(grad_scale=float(self.scaler._scale.double().reciprocal().float()), check_nonfinite=True)
+
+    def after_kernel_step(self, optimizer: torch.optim.Optimizer, skipped: bool) -> bool:
+        self._update(skipped)
+        return skipped
 
     def _update(self, found_inf: bool) -> None:
         s = self.scaler
@@ -157,7 +180,7 @@ class FP16Precision(Precision):
                                  s._growth_factor, s._backoff_factor, s._growth_interval)
         s._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
-    def _torch_step(self, optimizer: torch.optim.Optimizer, closure: Optional[Callable]) -> bool:
+    def torch_step(self, optimizer: torch.optim.Optimizer, closure: Optional[Callable] = None) -> bool:
         self.scaler.step(optimizer, closure) if closure is not None else self.scaler.step(optimizer)
         found = sum(float(v) for v in self._state(optimizer).get("found_inf_per_device", {}).values()) > 0
         self.scaler.update()
@@ -167,11 +190,12 @@ class FP16Precision(Precision):
 PRECISIONS: dict[str, type[Precision]] = {"no": Precision, "bf16": BF16Precision, "fp16": FP16Precision}
 
 
-def make_precision(mode: str, device: torch.device, handlers: dict[str, Any]) -> Precision:
+def make_precision(mode: str, device: torch.device, handlers: dict[str, Any], fused_kernels: bool = True) -> Precision:
+    """fused_kernels: the strategy config's fused_optimizer (strategies/base.py: StrategyConfig)."""
     if mode == "fp8":
         from .fp8 import FP8Precision
-        return FP8Precision(device, handlers)
+        return FP8Precision(device, handlers, fused_kernels)
     try:
-        return PRECISIONS[mode](device, handlers)
+        return PRECISIONS[mode](device, handlers, fused_kernels)
     except KeyError:
         raise ValueError(f"mixed_precision={mode!r} is not supported; choose one of no, fp16, bf16, fp8") from None

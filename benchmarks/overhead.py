@@ -52,11 +52,12 @@ def accel_steps(n: int, state) -> float:
 
 def prepared(mod_name: str, fused: bool = True):
     mod = __import__(mod_name)
-    acc = mod.Accelerator(cpu=True)
+    # fused=False: the wrapper alone, the user's torch AdamW runs its own step (the strategy's config is read
+    # when the Accelerator is built)
+    with mod.utils.patch_environment(**({} if fused else {"ACCELERATE_C_FUSED_OPTIMIZER": "0"})):
+        acc = mod.Accelerator(cpu=True)
     model, opt, x, y = make()
     model, opt = acc.prepare(model, opt)
-    if not fused:  # the wrapper alone: the user's torch AdamW runs its own step
-        opt.use_fused = False
     return acc, model, opt, x, y
 
 

@@ -12,6 +12,7 @@ import torch
 import accelerate_c
 from accelerate_c import Accelerator, FP8RecipeKwargs, GradScalerKwargs
 from accelerate_c.state import AcceleratorState, GradientState
+from accelerate_c.utils import patch_environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,8 +29,11 @@ def fresh_state():
 def _fp16_run(fused: bool, clip: bool):
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
-    acc = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=2.0**14, growth_interval=3)])
-    acc.precision.use_fused = fused
+    # ACCELERATE_C_FUSED_OPTIMIZER=0: torch's GradScaler path (unscale_ and step), the reference
+    with patch_environment(ACCELERATE_C_FUSED_OPTIMIZER="1" if fused else "0"):
+        acc = Accelerator(mixed_precision="fp16",
+                          kwargs_handlers=[GradScalerKwargs(init_scale=2.0**14, growth_interval=3)])
+    assert acc.precision.use_fused is fused
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
     # SGD, not Adam: Adam's update is nearly invariant to the gradient's scale, so it would hide a wrong unscale

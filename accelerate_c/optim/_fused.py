@@ -1,7 +1,10 @@
 # _fused.py: runs one step of a torch Adam/AdamW/SGD optimizer (ours or torch's own object) with the C kernels,
 # on the optimizer's own param_groups and state (torch's layout), so state_dict, schedulers and checkpoints keep
 # working. Also the decision of which groups the kernels can take (CPU, dense, real fp32, contiguous).
-# Not for: the optimizer classes (adamw.py, sgd.py) or flat-buffer calls (flat.py).
+# A caller may pass a `partition` that cuts the kernels' lists to one slice of every tensor (a step split
+# between processes); this file only calls its three methods and knows nothing of who provides it.
+# Not for: the optimizer classes (adamw.py, sgd.py), flat-buffer calls (flat.py) or deciding when to use the
+# kernels or split a step (the strategies' step, accelerate_c/strategies/).
 from __future__ import annotations
 
 from typing import Any
@@ -148,15 +151,14 @@ def _sgd_group_lists(opt: torch.optim.Optimizer, group: dict, low_precision_copi
 
 def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, grad_scale: float | None = None,
                skip_if_nonfinite: bool = False, low_precision_copies: dict | None = None,
-               num_threads: int | None = None, shard: Any = None) -> bool | None:
+               num_threads: int | None = None, partition: Any = None) -> bool | None:
     """Steps `groups` of `opt` (all must pass group_supported). Returns True (stepped), None (skipped: a
     gradient times grad_scale was inf/NaN; nothing changed) or False (a state tensor is unusable; nothing
-    changed). `shard` (strategies/sharded_step.OptimizerShard): this rank steps only its slice of each
-    parameter in the shared region, between the shard's barriers (every rank of the host must call)."""
+    changed). `partition`: only a slice of each tensor is stepped. Once the lists are built (nothing changed
+    yet) it is called as `begin()`; `slice_lists(opt, params, grads, {state key: list}, lps)` -> (cut, mirrors,
+    offsets) cuts each group's lists in place (`mirrors`: per entry a tensor the kernel also writes the new
+    values into, or None; `offsets`: the slice's first element in its param); `end(cut)` after the kernels."""
     cut: list = []
-    if shard is not None and not shard.usable():  # per-rank gradients: every rank steps everything
-        shard.before_unsharded_step(opt)
-        shard = None
     nthreads = num_threads or torch.get_num_threads()
     scale = 1.0 if grad_scale is None else _num(grad_scale)
     if skip_if_nonfinite:
@@ -171,13 +173,13 @@ def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, gra
         default_decoupled = isinstance(opt, torch.optim.AdamW)
         mirrors: list = [None] * len(lists)
         offsets: list = [None] * len(lists)
-        if shard is not None:
-            shard.begin()
+        if partition is not None:
+            partition.begin()
             for j, (params, grads, ms, vs, maxs, steps, lps, low) in enumerate(lists):
                 keyed = {"exp_avg": ms, "exp_avg_sq": vs, "max_exp_avg_sq": maxs or None}
                 if low is not None:
                     keyed.update(exp_avg_absmax=low[0], exp_avg_sq_absmax=low[1])
-                c, mirrors[j], offsets[j] = shard.slice_lists(opt, params, grads, keyed, lps)
+                c, mirrors[j], offsets[j] = partition.slice_lists(opt, params, grads, keyed, lps)
                 cut += c
         for g, (params, grads, ms, vs, maxs, steps, lps, low), mir, offs in zip(groups, lists, mirrors, offsets):
             b1, b2 = g["betas"]
@@ -190,8 +192,8 @@ def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, gra
         lists = [_sgd_group_lists(opt, g, low_precision_copies) for g in groups]
         if any(x is None for x in lists):
             return False
-        if shard is not None:
-            shard.begin()
+        if partition is not None:
+            partition.begin()
         for g, (params, grads, bufs, lps) in zip(groups, lists):
             use_mom = g["momentum"] != 0
             inits = None
@@ -200,27 +202,27 @@ def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, gra
                 for i, p in enumerate(params):
                     if bufs[i] is None:  # torch's first step: the buffer is a clone of the gradient
                         bufs[i] = torch.empty_like(p, memory_format=torch.contiguous_format)
-                        if shard is not None:  # stored now: the state keeps the whole slot, the kernel a slice
+                        if partition is not None:  # stored now: the state keeps the whole slot, the kernel a slice
                             opt.state[p]["momentum_buffer"] = bufs[i]
             mir = None
-            if shard is not None:
-                c, mir, _ = shard.slice_lists(opt, params, grads, {"momentum_buffer": bufs if use_mom else None}, lps)
+            if partition is not None:
+                c, mir, _ = partition.slice_lists(opt, params, grads, {"momentum_buffer": bufs if use_mom else None}, lps)
                 cut += c
             _C.sgd_step(params, grads, bufs if use_mom else None, inits, lps, _num(g["lr"]), float(g["momentum"]),
                         float(g["dampening"]), _num(g["weight_decay"]), bool(g["nesterov"]), bool(g["maximize"]),
                         scale, nthreads, mir)
-            if use_mom and shard is None:
+            if use_mom and partition is None:
                 for p, b, new in zip(params, bufs, inits):
                     if new:
                         opt.state[p]["momentum_buffer"] = b
-    if shard is not None:
-        shard.end(cut)
+    if partition is not None:
+        partition.end(cut)
     return True
 
 
 def fused_step(optimizer: torch.optim.Optimizer, *, grad_scale: float | torch.Tensor | None = None,
                skip_if_nonfinite: bool = False, low_precision_copies: dict | None = None,
-               num_threads: int | None = None) -> bool | None:
+               num_threads: int | None = None, partition: Any = None) -> bool | None:
     """One step of a torch (or accelerate_c) Adam/AdamW/SGD optimizer through the fused C kernels, on its own
     param_groups and state (torch's layout; the object stays a normal torch optimizer).
 
@@ -235,19 +237,17 @@ def fused_step(optimizer: torch.optim.Optimizer, *, grad_scale: float | torch.Te
     False: unsupported configuration (other class, non-CPU/sparse/complex/non-fp32/non-contiguous params,
     differentiable/capturable, tensor betas with grad, step hooks registered, AMP grad_scale/found_inf
     attributes set): nothing was done, call optimizer.step() instead. Test with `is False`.
+    partition: step only a slice of every tensor (run_groups describes the protocol).
     """
-    shard = getattr(optimizer, "_accelerate_c_shard", None)
     kind = optimizer_kind(optimizer)
     r: bool | None = False
     if kind is not None and _kernels_take(optimizer, kind):
         with torch.no_grad():
             r = run_groups(optimizer, kind, optimizer.param_groups, grad_scale=grad_scale,
                            skip_if_nonfinite=skip_if_nonfinite, low_precision_copies=low_precision_copies,
-                           num_threads=num_threads, shard=shard)
+                           num_threads=num_threads, partition=partition)
     if r:
         optimizer._opt_called = True  # what torch's LR scheduler wrapper of step() records
-    elif r is False and shard is not None:
-        shard.before_unsharded_step(optimizer)  # the caller now steps the whole optimizer on every rank
     return r
 
 

@@ -1,29 +1,96 @@
-# accelerate_c/strategies/base.py: the contract every backend implements, and the context it receives.
-# The Accelerator calls only these methods; it never asks which backend it has. Adding a backend means
-# one new file in this folder with a @register'ed Strategy subclass (see strategies/__init__.py).
-# Not for: precision (precision.py) or data loading (data_loader.py), which are backend-independent.
+# accelerate_c/strategies/base.py: the contract every backend implements, the context it receives and
+# its configuration (StrategyConfig, read in one place: from_sources). The Accelerator calls only these
+# methods; it never asks which backend it has. Adding a backend means one new file in this folder with a
+# @register'ed Strategy subclass (see strategies/__init__.py). The strategy owns the optimizer step
+# (`step`): the fused-kernels-or-torch choice is made here, once, for every backend.
+# Not for: precision (precision.py) or data loading (data_loader.py), which are backend-independent; the
+# kernels themselves (optim/).
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Optional
 
 import torch
 
 from ..utils.dataclasses import DistributedType
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on", "y", "t"), ("0", "false", "no", "off", "n", "f")
+
+
+def env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """A boolean variable (1/0, true/false, yes/no, on/off; unset or empty: `default`); anything else is an
+    error naming the variable and the value."""
+    raw = env.get(name, "")
+    v = raw.strip().lower()
+    if not v:
+        return default
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ValueError(f"environment variable {name}={raw!r}: expected 1 or 0 (true/false, yes/no, on/off)")
+
+
+def env_choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    """One of `choices` (case-insensitive; unset or empty: `default`); anything else is an error naming the
+    variable, the value and the allowed values."""
+    raw = env.get(name, "")
+    v = raw.strip().lower()
+    if not v:
+        return default
+    if v not in choices:
+        raise ValueError(f"environment variable {name}={raw!r}: allowed values are {', '.join(choices)}")
+    return v
+
+
+@dataclass(frozen=True)
+class StrategyConfig:
+    """What every strategy reads from its configuration sources. `from_sources` is the one place it is read:
+    the user's kwargs handlers/plugins (keyed by class name), then the environment (the launcher turns YAML
+    and CLI values into ACCELERATE_* variables; ACCELERATE_C_* are ours). Subclasses add their fields and
+    extend `_fields`."""
+
+    fused_optimizer: bool = True  # ACCELERATE_C_FUSED_OPTIMIZER: optimizer steps on the fused C kernels
+
+    @classmethod
+    def from_sources(cls, handlers: Optional[Mapping[str, Any]] = None,
+                     env: Optional[Mapping[str, str]] = None) -> "StrategyConfig":
+        return cls(**cls._fields(handlers or {}, os.environ if env is None else env))
+
+    @classmethod
+    def _fields(cls, handlers: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+        return {"fused_optimizer": env_flag(env, "ACCELERATE_C_FUSED_OPTIMIZER", True)}
+
+
 @dataclass
 class StrategyContext:
-    """What a strategy may know about the run: the process state, the precision object and the user's
-    kwargs handlers (keyed by class name, e.g. "DistributedDataParallelKwargs")."""
+    """What a strategy may know about the run: the process state and the user's kwargs handlers (keyed by
+    class name, e.g. "DistributedDataParallelKwargs"). The precision object is not part of it: it is an
+    argument of the one call that needs it (`Strategy.step`)."""
 
     state: Any                      # AcceleratorState
-    precision: Any                  # precision.Precision
     handlers: dict[str, Any] = field(default_factory=dict)
 
     def handler(self, name: str) -> Optional[Any]:
         return self.handlers.get(name)
+
+
+_fused_step: Optional[Callable[..., Any]] = None
+
+
+def _kernels() -> Optional[Callable[..., Any]]:
+    """accelerate_c.optim.fused_step, imported once (None when the extension lacks the optimizer kernels)."""
+    global _fused_step
+    if _fused_step is None:
+        try:
+            from ..optim import fused_step
+        except ImportError:
+            return None
+        _fused_step = fused_step
+    return _fused_step
 
 
 class Strategy:
@@ -31,10 +98,12 @@ class Strategy:
 
     name = "base"
     priority = 0  # higher wins when several strategies apply
+    config_class: ClassVar[type[StrategyConfig]] = StrategyConfig
 
-    def __init__(self, ctx: StrategyContext) -> None:
+    def __init__(self, ctx: StrategyContext, config: Optional[StrategyConfig] = None) -> None:
         self.ctx = ctx
         self.state = ctx.state
+        self.config = config if config is not None else self.config_class.from_sources(ctx.handlers)
 
     # -- selection -------------------------------------------------------------------------------------
     @classmethod
@@ -66,6 +135,42 @@ class Strategy:
     def join(self, joinables: list, enable: bool = True) -> Iterator[None]:
         """Uneven inputs across ranks (Accelerator.join_uneven_inputs): nothing to do on one process."""
         yield
+
+    def step(self, optimizer: torch.optim.Optimizer, precision: Any, closure: Optional[Callable] = None) -> bool:
+        """The optimizer step of a synchronising iteration (AcceleratedOptimizer.step delegates here); True when
+        it was skipped (a non-finite gradient under loss scaling). The one place that chooses between the fused
+        C kernels and the optimizer's own step(): the kernels when the config allows, there is no closure and
+        the precision can express its gradient scaling to them (`precision.kernel_scale`); the optimizer's own
+        step, through the precision (`precision.torch_step`: GradScaler's step under fp16), otherwise or when
+        the kernels do not take this optimizer."""
+        if closure is None and self.config.fused_optimizer:
+            scale = precision.kernel_scale(optimizer)
+            if scale is not None:
+                if scale.skip:  # already unscaled (clipping) and non-finite: nothing to step
+                    return precision.after_kernel_step(optimizer, skipped=True)
+                r = self.kernel_step(optimizer, scale.grad_scale, scale.check_nonfinite)
+                if r is not False:
+                    return precision.after_kernel_step(optimizer, skipped=r is None)
+        self.before_torch_step(optimizer)
+        return precision.torch_step(optimizer, closure)
+
+    def kernel_step(self, optimizer: torch.optim.Optimizer, grad_scale: Optional[float],
+                    check_nonfinite: bool) -> Optional[bool]:
+        """One step on the fused kernels (accelerate_c.optim.fused_step's answer: True stepped, None skipped on
+        a non-finite gradient, False not taken: nothing changed)."""
+        fused_step = _kernels()
+        if fused_step is None:
+            return False
+        return fused_step(optimizer, grad_scale=grad_scale, skip_if_nonfinite=check_nonfinite,
+                          partition=self.step_partition(optimizer))
+
+    def step_partition(self, optimizer: torch.optim.Optimizer) -> Optional[Any]:
+        """The kernels' partition for this optimizer when the step is split between processes (each steps its
+        slice; optim/_fused.py: run_groups gives the protocol), None to step every parameter here."""
+        return None
+
+    def before_torch_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called right before the optimizer's own step() runs on every parameter (nothing to prepare here)."""
 
     def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
         """Optionally zero the optimizer's gradients itself (e.g. in flat buffers); True if it did."""

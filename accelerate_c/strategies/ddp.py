@@ -1,18 +1,20 @@
 # accelerate_c/strategies/ddp.py: data parallelism over N processes, the reference path: after backward
 # (at the end of the autograd pass, like torch DDP) every gradient is all-reduced in one coalesced
 # collective per dtype, summed then divided by the world size, in a fixed order on every rank so all
-# ranks end with bitwise-identical gradients and hence parameters.
+# ranks end with bitwise-identical gradients and hence parameters. DDPConfig (both data-parallel strategies'
+# configuration) is read here, once.
 # Not for: the fast bucketed/overlapped path (strategies/ddp_bucketed.py builds on this file's wrapper).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 import torch.distributed as dist
 
 from . import register
-from .base import Strategy
+from .base import Strategy, StrategyConfig, env_choice, env_flag
 
 
 class DataParallelModule(torch.nn.Module):
@@ -191,23 +193,54 @@ def _compress_dtype(kwargs: Any) -> Optional[torch.dtype]:
     raise ValueError(f"DistributedDataParallelKwargs(comm_hook={hook!r}): unknown hook; allowed: no, fp16, bf16")
 
 
+@dataclass(frozen=True)
+class DDPConfig(StrategyConfig):
+    """Data parallelism (ddp.py, ddp_bucketed.py): DistributedDataParallelKwargs, then ACCELERATE_C_* variables
+    (HF's YAML and launcher have no DDP fields of their own)."""
+
+    grad_sync: str = "bucketed"       # ACCELERATE_C_GRAD_SYNC: bucketed (ddp_bucketed.py) | reference (ddp.py)
+    transport: str = "auto"           # ACCELERATE_C_COMM: auto (shared memory for CPU tensors) | torch
+    sharded_step: bool = True         # ACCELERATE_C_SHARDED_STEP: split the optimizer step between a host's ranks
+    bucket_cap_mb: float = 25.0       # DistributedDataParallelKwargs.bucket_cap_mb
+    broadcast_buffers: bool = True    # DistributedDataParallelKwargs.broadcast_buffers
+    compress_dtype: Optional[torch.dtype] = None  # DistributedDataParallelKwargs.comm_hook: fp16 / bf16 reduction
+
+    @classmethod
+    def _fields(cls, handlers: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+        fields = super()._fields(handlers, env)
+        kw = handlers.get("DistributedDataParallelKwargs")
+        fields.update(
+            grad_sync=env_choice(env, "ACCELERATE_C_GRAD_SYNC", "bucketed", ("bucketed", "reference")),
+            transport=env_choice(env, "ACCELERATE_C_COMM", "auto", ("auto", "torch")),
+            sharded_step=env_flag(env, "ACCELERATE_C_SHARDED_STEP", True),
+            compress_dtype=_compress_dtype(kw))
+        if kw is not None:
+            try:
+                fields["bucket_cap_mb"] = float(kw.bucket_cap_mb)
+            except (TypeError, ValueError):
+                raise ValueError(f"DistributedDataParallelKwargs(bucket_cap_mb={kw.bucket_cap_mb!r}): "
+                                 "expected a number of megabytes") from None
+            fields["broadcast_buffers"] = bool(kw.broadcast_buffers)
+        return fields
+
+
 @register("ddp")
 class DataParallel(Strategy):
     priority = 10
+    config_class = DDPConfig
+    config: DDPConfig
 
     @classmethod
     def applies(cls, state: Any, handlers: dict[str, Any]) -> bool:
         return state.num_processes > 1
 
-    def __init__(self, ctx: Any) -> None:
-        super().__init__(ctx)
-        self.kwargs = ctx.handler("DistributedDataParallelKwargs")
-        self.compress_dtype = _compress_dtype(self.kwargs)
+    def __init__(self, ctx: Any, config: Optional[DDPConfig] = None) -> None:
+        super().__init__(ctx, config)
         self.group: Optional[Any] = None
         self._syncs: list[GradSync] = []
 
     def make_sync(self, params: list[torch.nn.Parameter]) -> GradSync:
-        return GradSync(params, self.group, self.state.num_processes, compress=self.compress_dtype)
+        return GradSync(params, self.group, self.state.num_processes, compress=self.config.compress_dtype)
 
     def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:
         """Rank `src`'s `tensors` into every rank's, in place (coalesced)."""
@@ -225,8 +258,7 @@ class DataParallel(Strategy):
         params = [p for p in model.parameters() if p.requires_grad]
         sync = self.make_sync(params)
         self._syncs.append(sync)
-        broadcast_buffers = True if self.kwargs is None else bool(self.kwargs.broadcast_buffers)
-        return DataParallelModule(model, sync, self.broadcast if broadcast_buffers else None)
+        return DataParallelModule(model, sync, self.broadcast if self.config.broadcast_buffers else None)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         for s in self._syncs:

@@ -10,23 +10,22 @@
 # .grad holds the average (sum, then divide by the world size, the same on every rank, so ranks stay
 # bitwise identical), for code that reads gradients directly as for the optimizer.
 # Parameters no rank used in a step get grad None, as in the single-process loop.
-# Over shared memory the optimizer step itself is split between the host's ranks (sharded_step.py):
-# parameters and optimizer state move into shared regions at prepare, each rank updates its slice and
-# writes it into its peers' copies (ACCELERATE_C_SHARDED_STEP=0 turns this off).
+# Over shared memory the optimizer step itself is split between the host's ranks (sharded_step.py): this
+# strategy's step passes the prepared optimizer's OptimizerShard to the kernels as their partition; parameters
+# and optimizer state move into shared regions at prepare, each rank updates its slice and writes it into its
+# peers' copies (DDPConfig.sharded_step, ACCELERATE_C_SHARDED_STEP=0, turns this off).
 # Not for: the transport (accelerate_c.comm) or the reference path (strategies/ddp.py).
 from __future__ import annotations
 
-import contextlib
-import os
 import warnings
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 import torch.distributed as dist
 
 from .. import _C
 from . import register
-from .ddp import DataParallel, DataParallelModule, broadcast_coalesced
+from .ddp import DataParallel, DDPConfig, broadcast_coalesced
 from .sharded_step import OptimizerShard, ParamShards, state_keys
 
 FIRST_BUCKET_BYTES = 1 << 20
@@ -278,9 +277,9 @@ class CommTransport:
         self.group.broadcast(t, src=src)
 
 
-def make_transport(device: torch.device) -> Any:
-    """The shared-memory path on CPU (ACCELERATE_C_COMM=torch forces torch.distributed)."""
-    if device.type == "cpu" and os.environ.get("ACCELERATE_C_COMM", "auto") != "torch":
+def make_transport(device: torch.device, transport: str = "auto") -> Any:
+    """The shared-memory path on CPU unless `transport` (DDPConfig.transport) is "torch"."""
+    if device.type == "cpu" and transport != "torch":
         from ..comm import get_group
         return CommTransport(get_group())
     return TorchTransport()
@@ -292,21 +291,20 @@ class BucketedDataParallel(DataParallel):
 
     @classmethod
     def applies(cls, state: Any, handlers: dict[str, Any]) -> bool:
-        return state.num_processes > 1 and os.environ.get("ACCELERATE_C_GRAD_SYNC", "bucketed") == "bucketed"
+        return state.num_processes > 1 and DDPConfig.from_sources(handlers).grad_sync == "bucketed"
 
-    def __init__(self, ctx: Any) -> None:
-        super().__init__(ctx)
+    def __init__(self, ctx: Any, config: Optional[DDPConfig] = None) -> None:
+        super().__init__(ctx, config)
         self.transport: Optional[Any] = None
         self._param_shards: list[ParamShards] = []
-        self._opt_shards: list[tuple[torch.optim.Optimizer, OptimizerShard]] = []
+        # id(optimizer) -> (optimizer, its shard): the split step of each prepared optimizer
+        self._opt_shards: dict[int, tuple[torch.optim.Optimizer, OptimizerShard]] = {}
 
     def _host_group(self) -> Optional[Any]:
         """The host's shm group when the optimizer step can be split over it, else None."""
-        from ..precision import fused_optimizer_enabled
-
-        if not isinstance(self.transport, CommTransport) or not fused_optimizer_enabled():
+        if not isinstance(self.transport, CommTransport) or not self.config.fused_optimizer:
             return None
-        if os.environ.get("ACCELERATE_C_SHARDED_STEP", "1") == "0":
+        if not self.config.sharded_step:
             return None
         host = self.transport.group.host_group()
         return host if host is not None and host.size > 1 else None
@@ -337,19 +335,38 @@ class BucketedDataParallel(DataParallel):
                 except RuntimeError as e:
                     warnings.warn(f"accelerate_c: every rank steps every parameter of this optimizer: {e}")
                     break
-                optimizer._accelerate_c_shard = shard
-                self._opt_shards.append((optimizer, shard))
+                self._opt_shards[id(optimizer)] = (optimizer, shard)
                 break
         return optimizer
 
+    def optimizer_shard(self, optimizer: torch.optim.Optimizer) -> Optional[OptimizerShard]:
+        """The split step of a prepared optimizer (the user's torch optimizer), or None when it steps whole."""
+        entry = self._opt_shards.get(id(optimizer))
+        return entry[1] if entry is not None and entry[0] is optimizer else None
+
+    # -- the step ----------------------------------------------------------------------------------------
+    def step_partition(self, optimizer: torch.optim.Optimizer) -> Optional[OptimizerShard]:
+        """The kernels step this rank's slice (the shard is their partition) while the split applies; the whole
+        optimizer on every rank otherwise (per-rank gradients after no_sync turn it off for good)."""
+        shard = self.optimizer_shard(optimizer)
+        if shard is not None and not shard.usable():
+            shard.before_unsharded_step(optimizer)
+            return None
+        return shard
+
+    def before_torch_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Every rank steps the whole optimizer itself: its state is completed from the peers' slices first."""
+        shard = self.optimizer_shard(optimizer)
+        if shard is not None:
+            shard.before_unsharded_step(optimizer)
+
     def make_sync(self, params: list[torch.nn.Parameter]) -> BucketedGradSync:
         self._transport()
-        cap = 25.0 if self.kwargs is None else float(self.kwargs.bucket_cap_mb)
-        return BucketedGradSync(params, self.transport, cap, compress=self.compress_dtype)
+        return BucketedGradSync(params, self.transport, self.config.bucket_cap_mb, compress=self.config.compress_dtype)
 
     def _transport(self) -> Any:
         if self.transport is None:
-            self.transport = make_transport(self.state.device)
+            self.transport = make_transport(self.state.device, self.config.transport)
         return self.transport
 
     def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:
@@ -360,7 +377,7 @@ class BucketedDataParallel(DataParallel):
         self._transport().all_reduce_async(t, "sum").wait()
 
     def suspend_split_step(self) -> None:
-        for opt, shard in self._opt_shards:
+        for opt, shard in self._opt_shards.values():
             shard.suspend(opt)
 
     def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
@@ -368,11 +385,10 @@ class BucketedDataParallel(DataParallel):
         return any(s.zero_grad(params, set_to_none) for s in self._syncs)
 
     def close(self) -> None:
-        for opt, shard in self._opt_shards:
+        for opt, shard in self._opt_shards.values():
             shard.refresh(opt)  # every rank's state complete before the regions' group goes away
             shard.remove()
-            opt.__dict__.pop("_accelerate_c_shard", None)
-        self._opt_shards, self._param_shards = [], []
+        self._opt_shards, self._param_shards = {}, []
         super().close()
         if isinstance(self.transport, CommTransport):
             from ..comm import release_groups

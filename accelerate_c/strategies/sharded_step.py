@@ -10,7 +10,8 @@
 # The update is elementwise, so results are bitwise those of the unsplit step.
 # Only while gradients, params and state are identical on every rank: the first step after a backward
 # under no_sync (per-rank gradients, e.g. local SGD) turns the split off for good.
-# Used by strategies/ddp_bucketed.py through optim._fused.run_groups (optimizer._accelerate_c_shard).
+# Part of the step of strategies/ddp_bucketed.py, which owns one OptimizerShard per prepared optimizer and
+# hands it to the kernels as their partition (optim._fused.run_groups calls begin / slice_lists / end).
 # Not for: gradient communication (ddp_bucketed.py) or the kernels (optim/).
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ class ParamShards:
 
 class OptimizerShard:
     """One optimizer's state in shared regions (per-rank parts, one slot per state key and param), and the
-    step protocol. Attached to the optimizer as `_accelerate_c_shard`; run_groups uses it.
+    step protocol. Owned by the bucketed strategy (one per prepared optimizer); the fused kernels use it as
+    their partition.
     Low-precision state (optim/lowbit.py) has a slot per key in its own dtype (uint8 codes, bf16, fp32 block
     scales: one region per dtype); an 8-bit param's cuts between ranks fall on its 256-element blocks, so each
     rank requantises whole blocks of its own slice and its scales are its own."""

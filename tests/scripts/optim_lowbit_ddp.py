@@ -45,7 +45,7 @@ def main() -> None:
             if step == 2:
                 opt.load_state_dict(opt.state_dict())
         inner = opt.optimizer
-        shard = getattr(inner, "_accelerate_c_shard", None)
+        shard = acc.strategy.optimizer_shard(inner)  # the bucketed strategy owns the split step
         rec = {"cuts": [shard.cuts[id(p)] for p in (net.a.weight, net.b.weight)] if shard is not None else None,
                "params": {k: v.clone() for k, v in acc.unwrap_model(model).state_dict().items()},
                "optimizer": opt.state_dict(), "sharded": shard is not None,

@@ -85,7 +85,7 @@ def main() -> None:
                 opt.load_state_dict(opt.state_dict())
             sums.append(float(sum(p.detach().double().sum() for p in model.parameters())))
         inner = acc.unwrap_model(model)
-        shard = getattr(opt.optimizer, "_accelerate_c_shard", None)
+        shard = acc.strategy.optimizer_shard(opt.optimizer)  # the bucketed strategy owns the split step
         rec = {"params": {k: v.clone() for k, v in inner.state_dict().items()}, "sums": sums, "skipped": skipped,
                "sharded": shard is not None, "split_numel": shard.total if shard is not None else 0}
         if acc.is_main_process:
