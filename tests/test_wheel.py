@@ -33,7 +33,10 @@ with torch.no_grad():
 acc.load_state(sys.argv[1])
 assert all(torch.equal(a, p) for a, p in zip(before, model.parameters())), "load_state did not restore the weights"
 acc.wait_for_everyone()
-print("TRAINED", acc.process_index, acc.num_processes, os.path.dirname(sys.modules["accelerate_c"].__file__))
+# a file per rank: lines the ranks print share the launcher's stdout with other processes' stderr (torch's C++
+# logging writes a line in several pieces), so a printed line may not start a line of the output
+with open(os.path.join(os.path.dirname(sys.argv[1]), f"trained_{acc.process_index}"), "w") as fh:
+    fh.write(f"TRAINED {acc.process_index} {acc.num_processes} {os.path.dirname(sys.modules['accelerate_c'].__file__)}")
 acc.end_training()
 """
 
@@ -81,6 +84,7 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     launch_env = dict(env, OMP_NUM_THREADS="1")
     out = _run([py, "-m", "accelerate_c", "launch", "-q", "--cpu", "--num_processes", "2", "train.py",
                 str(work / "ckpt")], tmp_path / "launch.log", work, launch_env, 600)
-    trained = sorted(line for line in out.splitlines() if line.startswith("TRAINED"))
-    assert len(trained) == 2 and all(str(venv) in line for line in trained), out
+    trained = [(work / f"trained_{r}").read_text() if (work / f"trained_{r}").exists() else None for r in range(2)]
+    assert trained == [f"TRAINED {r} 2 {venv}/lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages/"
+                       f"accelerate_c" for r in range(2)], (trained, out)
     assert os.path.isdir(work / "ckpt") and os.listdir(work / "ckpt"), out
