@@ -20,10 +20,10 @@ static acc_simd_level detect(void) {
     if ((xcr0 & 0x6) != 0x6) return ACC_SIMD_SCALAR;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return ACC_SIMD_SCALAR;
     int avx2 = (b >> 5) & 1, avx512f = (b >> 16) & 1, avx512bw = (b >> 30) & 1, avx512dq = (b >> 17) & 1,
-        avx512vl = (b >> 31) & 1;
+        avx512vl = (b >> 31) & 1, avx512cd = (b >> 28) & 1; /* CD: vplzcntd (8-bit state decode) */
     acc_simd_level lvl = ACC_SIMD_SCALAR;
     if (avx2 && fma && f16c) lvl = ACC_SIMD_AVX2;
-    if (lvl == ACC_SIMD_AVX2 && avx512f && avx512bw && avx512dq && avx512vl && (xcr0 & 0xe0) == 0xe0)
+    if (lvl == ACC_SIMD_AVX2 && avx512f && avx512bw && avx512dq && avx512vl && avx512cd && (xcr0 & 0xe0) == 0xe0)
         lvl = ACC_SIMD_AVX512;
     return lvl;
 }

@@ -14,7 +14,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define ACC_OPTIM_X86 1
-#define ACC_T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+#define ACC_T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512cd,fma,f16c")))
 #define ACC_T256 __attribute__((target("avx2,fma,f16c")))
 
 ACC_T512 static inline __m512 acc_ld_g512(const void *g, acc_dtype dt, size_t i) {
