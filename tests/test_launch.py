@@ -52,8 +52,11 @@ _names = itertools.count()
 def cli(args, tmp_path, env=None, name=None) -> Job:
     """`python -m accelerate_c ARGS` in tmp_path; stdout/stderr go to files under tmp_path/logs."""
     # Both default config files (ours and HF's) point into tmp_path: the real home is never read.
+    # Temporary files go under tmp_path too: a launcher that a test SIGKILLs cannot remove its log folder,
+    # and the tests that end normally check that nothing is left there.
+    (tmp_path / "tmp").mkdir(exist_ok=True)
     full = dict(os.environ, PYTHONPATH=ROOT, ACCELERATE_C_CONFIG_DIR=str(tmp_path / "cfgdir"),
-                HF_HOME=str(tmp_path / "hf_home"), XDG_CACHE_HOME=str(tmp_path / "xdg"))
+                HF_HOME=str(tmp_path / "hf_home"), XDG_CACHE_HOME=str(tmp_path / "xdg"), TMPDIR=str(tmp_path / "tmp"))
     full.pop("OMP_NUM_THREADS", None)
     full.update(env or {})
     return Job([sys.executable, "-m", "accelerate_c", *args], str(tmp_path / "logs"),
@@ -232,6 +235,7 @@ def test_two_machines_on_loopback(tmp_path, env_script):
         assert info["sum"] == 10.0 and info["ACCELERATE_C_NUM_MACHINES"] == "2"
     hosts = [info["ACCELERATE_C_HOST_ID"] for info in ranks]
     assert hosts[0] == hosts[1] and hosts[2] == hosts[3] and hosts[0] != hosts[2]
+    assert not os.listdir(tmp_path / "tmp"), "temporary files left behind by the launchers"
 
 
 @pytest.mark.parametrize("failing_rank", [3, 1])  # on the second machine / on the main (store) machine
@@ -259,6 +263,7 @@ def test_two_machines_failure_stops_both(tmp_path, failing_rank):
         if m != failed_machine:
             assert line.startswith(f"accelerate_c launch: stopped this machine's ranks because machine "
                                    f"{failed_machine}: rank {failing_rank}"), describe_all(jobs)
+    assert not os.listdir(tmp_path / "tmp"), "temporary files left behind by the launchers"
 
 
 # Machine 1's rank fails only once machine 0's agent waits in torch's exit barrier (its ranks are done): it
@@ -308,8 +313,10 @@ def test_two_machines_launcher_error_stops_the_other(tmp_path, env_script):
 def _launch_sleepers(tmp_path):
     """Launches 2 ranks that write pid<rank> into tmp_path and sleep; returns once both wrote it."""
     script = tmp_path / "sleep.py"
-    script.write_text("import os, sys, time\n"
-                      "open(os.path.join(sys.argv[1], 'pid' + os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+    script.write_text("import os, sys, time\n"  # written, then renamed: the test never reads a file still empty
+                      "path = os.path.join(sys.argv[1], 'pid' + os.environ['RANK'])\n"
+                      "open(path + '.tmp', 'w').write(str(os.getpid()))\n"
+                      "os.replace(path + '.tmp', path)\n"
                       f"time.sleep({FOREVER_S})\n")
     job = cli(["launch", "--num_processes", "2", "--cpu", str(script), str(tmp_path)], tmp_path)
     deadline = time.monotonic() + GUARD_S
@@ -352,7 +359,9 @@ GLOO_AT_EXIT = textwrap.dedent("""
         except FileNotFoundError:
             return True
     if rank == 0:
-        open(os.path.join(out, "pid0"), "w").write(str(os.getpid()))
+        with open(os.path.join(out, "pid0.tmp"), "w") as fh:  # renamed once written: rank 1 never reads it empty
+            fh.write(str(os.getpid()))
+        os.replace(os.path.join(out, "pid0.tmp"), os.path.join(out, "pid0"))
         dist.all_reduce(torch.ones(1000), async_op=True).get_future().then(lambda fut: None)
         class SlowTeardown:
             def __del__(self):
