@@ -1,7 +1,8 @@
 # accelerate_c/accelerator.py: the Accelerator façade, HF Accelerate 1.15's API on top of the C base type
 # (accelerate_c._C.Accelerator holds the per-step counters). It wires the state, the precision object,
 # the strategy and the data loaders together and delegates; it never branches on the backend.
-# Not for: process-control helpers and collectives (process_api.py), checkpoints (checkpoint_api.py),
+# Not for: the read-through properties of the run's configuration (run_properties.py), process-control
+# helpers and collectives (process_api.py), checkpoints (checkpoint_api.py),
 # trackers and the profiler (tracking_api.py),
 # backend logic (strategies/), precision logic (precision.py).
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .checkpoint_api import CheckpointAPI
 from .optimizer import AcceleratedOptimizer
 from .precision import make_precision
 from .probes import AcceleratorProbes
+from .run_properties import RunProperties
 from .process_api import ProcessAPI
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState, _env_flag
@@ -31,7 +33,7 @@ _MP_CODES = {"no": 0, "fp16": 1, "bf16": 2, "fp8": 3}
 _UNSET = object()
 
 
-class Accelerator(AcceleratorProbes, ProcessAPI, CheckpointAPI, TrackingAPI, _C.Accelerator):
+class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, TrackingAPI, _C.Accelerator):
     """Drop-in replacement for `accelerate.Accelerator` (same arguments, same behaviour)."""
 
     def __init__(self, device_placement: bool = True, split_batches: Any = _UNSET,
@@ -128,100 +130,6 @@ class Accelerator(AcceleratorProbes, ProcessAPI, CheckpointAPI, TrackingAPI, _C.
         self._custom_objects: list = []
         self._save_model_state_pre_hook: dict = {}
         self._load_model_state_pre_hook: dict = {}
-
-    # -- properties ------------------------------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    @property
-    def distributed_type(self) -> Any:
-        return self.state.distributed_type
-
-    @property
-    def num_processes(self) -> int:
-        return self._num_processes
-
-    @property
-    def process_index(self) -> int:
-        return self._process_index
-
-    @property
-    def local_process_index(self) -> int:
-        return self._local_process_index
-
-    @property
-    def mixed_precision(self) -> str:
-        return self.state.mixed_precision
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.state.use_distributed
-
-    @property
-    def multi_device(self) -> bool:
-        return self.use_distributed and self.device.type != "cpu"
-
-    @property
-    def sync_gradients(self) -> bool:
-        return bool(self._sync_gradients)
-
-    @sync_gradients.setter
-    def sync_gradients(self, value: bool) -> None:
-        self.gradient_state._set_sync_gradients(value)
-
-    @property
-    def gradient_accumulation_steps(self) -> int:
-        return self._gradient_accumulation_steps
-
-    @gradient_accumulation_steps.setter
-    def gradient_accumulation_steps(self, value: int) -> None:
-        self.gradient_state.plugin_kwargs.update({"num_steps": value})
-        self._gradient_accumulation_steps = value
-
-    @property
-    def split_batches(self) -> bool:
-        return self.dataloader_config.split_batches
-
-    @property
-    def dispatch_batches(self) -> Optional[bool]:
-        return self.dataloader_config.dispatch_batches
-
-    @property
-    def even_batches(self) -> bool:
-        return self.dataloader_config.even_batches
-
-    @even_batches.setter
-    def even_batches(self, value: bool) -> None:
-        self.dataloader_config.even_batches = value
-
-    @property
-    def use_seedable_sampler(self) -> bool:
-        return self.dataloader_config.use_seedable_sampler
-
-    @property
-    def non_blocking(self) -> bool:
-        return self.dataloader_config.non_blocking
-
-    @property
-    def use_stateful_dataloader(self) -> bool:
-        return self.dataloader_config.use_stateful_dataloader
-
-    @property
-    def project_dir(self) -> Optional[str]:
-        return self.project_configuration.project_dir
-
-    @property
-    def logging_dir(self) -> Optional[str]:
-        return self.project_configuration.logging_dir
-
-    @property
-    def save_iteration(self) -> int:
-        return self.project_configuration.iteration
-
-    @property
-    def optimizer_step_was_skipped(self) -> bool:
-        return any(opt.step_was_skipped for opt in self._optimizers)
 
     # -- prepare ---------------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: Optional[list] = None) -> Any:
