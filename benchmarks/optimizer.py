@@ -69,6 +69,18 @@ def memcpy_bw(nbytes: int, reps: int) -> float:
     return 2 * nbytes / t
 
 
+def preamble(args: argparse.Namespace, load: bool = False) -> tuple[int, list[str], float]:
+    """Repetitions, the header lines (threads, SIMD level, torch; the load average when asked) and the
+    machine's copy bandwidth, which the bytes-per-parameter bounds are measured against."""
+    reps = args.reps or (3 if args.quick else 7)
+    head = (f"threads={torch.get_num_threads()} simd={_C.simd_level()} torch={torch.__version__} reps={reps} "
+            "(median, interleaved)")
+    lines = [head + (f"; load average at start {os.getloadavg()[0]:.2f}" if load else "")]
+    bw = memcpy_bw((64 << 20) if args.quick else (1 << 30), reps)
+    lines.append(f"memcpy (copy_ of {'64 MiB' if args.quick else '1 GiB'}, best of {reps}): {bw / 1e9:.1f} GB/s")
+    return reps, lines, bw
+
+
 def report(lines: list[str], title: str, n: int, res: dict, ours: str, bpp: int, bw: float) -> None:
     lines.append(f"{title}: {n / 1e6:.1f}M params")
     bound = bpp * n / bw
@@ -94,11 +106,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.lowbit:
         return lowbit_main(args)
-    reps = args.reps or (3 if args.quick else 7)
-    nthreads = torch.get_num_threads()
-    lines = [f"threads={nthreads} simd={_C.simd_level()} torch={torch.__version__} reps={reps} (median, interleaved)"]
-    bw = memcpy_bw((64 << 20) if args.quick else (1 << 30), reps)
-    lines.append(f"memcpy (copy_ of {'64 MiB' if args.quick else '1 GiB'}, best of {reps}): {bw / 1e9:.1f} GB/s")
+    reps, lines, bw = preamble(args)
     kw = dict(lr=1e-4, weight_decay=0.01)
 
     # 1. GPT-2-small parameter list, fp32
@@ -229,12 +237,7 @@ def lowbit_main(args) -> None:
     AdamW, % of each one's own bytes-per-parameter bound, and the 8-bit anchors."""
     from accelerate_c.optim import lowbit
 
-    reps = args.reps or (3 if args.quick else 7)
-    nthreads = torch.get_num_threads()
-    lines = [f"threads={nthreads} simd={_C.simd_level()} torch={torch.__version__} reps={reps} (median, interleaved); "
-             f"load average at start {os.getloadavg()[0]:.2f}"]
-    bw = memcpy_bw((64 << 20) if args.quick else (1 << 30), reps)
-    lines.append(f"memcpy (copy_ of {'64 MiB' if args.quick else '1 GiB'}, best of {reps}): {bw / 1e9:.1f} GB/s")
+    reps, lines, bw = preamble(args, load=True)
     kw = dict(lr=1e-4, weight_decay=0.01)
     shapes = gpt2_shapes(2, 768, 5000, 256) if args.quick else gpt2_shapes()
     ps = make(shapes)
