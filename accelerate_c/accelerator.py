@@ -46,14 +46,17 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
                  step_scheduler_with_optimizer: bool = True, kwargs_handlers: Optional[list] = None,
                  dynamo_backend: Any = None, dynamo_plugin: Any = None, parallelism_config: Any = None,
                  deepspeed_plugins: Any = None) -> None:
-        unsupported = {"deepspeed_plugin": deepspeed_plugin or deepspeed_plugins or _env_flag("ACCELERATE_USE_DEEPSPEED"),
-                       "fsdp_plugin": fsdp_plugin or _env_flag("ACCELERATE_USE_FSDP"),
-                       "megatron_lm_plugin": megatron_lm_plugin or _env_flag("ACCELERATE_USE_MEGATRON_LM"),
+        unsupported = {"megatron_lm_plugin": megatron_lm_plugin or _env_flag("ACCELERATE_USE_MEGATRON_LM"),
                        "torch_tp_plugin / parallelism_config": torch_tp_plugin or parallelism_config}
         for name, given in unsupported.items():
             if given:
-                raise NotImplementedError(f"accelerate_c: {name} is not supported yet (the sharded engine and "
-                                          "tensor/pipeline parallelism are on the roadmap); use data parallelism")
+                raise NotImplementedError(f"accelerate_c: {name} is not supported yet (tensor and pipeline "
+                                          "parallelism are on the roadmap); use data parallelism or sharding")
+        if deepspeed_plugin is None and deepspeed_plugins is not None:
+            deepspeed_plugin = deepspeed_plugins
+        if fsdp_plugin is not None and deepspeed_plugin is not None:
+            raise ValueError("Accelerator: pass either fsdp_plugin or deepspeed_plugin, not both")
+        sharding_plugins = {type(p).__name__: p for p in (fsdp_plugin, deepspeed_plugin) if p is not None}
         if project_config is not None:
             if project_dir is not None:
                 project_config.set_directories(project_dir)
@@ -69,6 +72,7 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
             if key in self.handlers:
                 raise ValueError(f"You can only pass one {key} in `kwargs_handlers`.")
             self.handlers[key] = handler
+        self.handlers.update(sharding_plugins)  # the sharding plugins are read like kwargs handlers (one config)
         self.ddp_handler = self.handlers.get("DistributedDataParallelKwargs")
         self.scaler_handler = self.handlers.get("GradScalerKwargs")
         self.init_handler = self.handlers.get("InitProcessGroupKwargs")

@@ -227,12 +227,12 @@ def test_probes_with_dynamo_backend_match_hf():
     assert _probes("accelerate_c", dynamo_backend="eager") == _probes("accelerate", dynamo_backend="eager")
 
 
-def test_unset_plugins_are_none_and_sharded_engines_still_refused():
+def test_unset_plugins_are_none_and_tensor_parallel_still_refused():
     import accelerate_c
     acc = accelerate_c.Accelerator(cpu=True)
     assert acc.state.fsdp_plugin is None and acc.state.megatron_lm_plugin is None
     reset_state("accelerate_c")
-    for kwarg in ("fsdp_plugin", "deepspeed_plugin", "megatron_lm_plugin", "parallelism_config"):
+    for kwarg in ("megatron_lm_plugin", "parallelism_config"):
         with pytest.raises(NotImplementedError, match="not supported yet"):
             accelerate_c.Accelerator(cpu=True, **{kwarg: object()})
         reset_state("accelerate_c")

@@ -192,5 +192,41 @@ class Strategy:
         from ..utils.other import extract_model_from_parallel
         return (extract_model_from_parallel(model) if unwrap else model).state_dict()
 
+    def model_slices(self, model: torch.nn.Module) -> list:
+        """The model's logical tensors as this rank holds them (checkpointing/slices.py): here every tensor whole,
+        written by one rank each (`owner`), the ranks taking turns by size so they write in parallel."""
+        from ..checkpointing.slices import TensorSlice
+        from ..utils.other import extract_model_from_parallel
+        sd = extract_model_from_parallel(model).state_dict(keep_vars=True)
+        owners = balanced_owners({k: t.numel() * t.element_size() for k, t in sd.items()},
+                                 self.state.num_processes)
+        return [TensorSlice(k, tuple(t.shape), t.dtype, 0, t.detach().reshape(-1),
+                            owner=owners[k] == self.state.process_index) for k, t in sd.items()]
+
+    def optimizer_slices(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list:
+        """The optimizer's per-parameter state as logical slices named "<param name>/<key>" (tensors only;
+        hyperparameters and scalars stay in the optimizer's own state dict). Here every state tensor is whole."""
+        from ..checkpointing.slices import TensorSlice
+        from ..utils.other import extract_model_from_parallel
+        names = {id(p): n for n, p in extract_model_from_parallel(model).named_parameters(remove_duplicate=False)}
+        inner = getattr(optimizer, "optimizer", optimizer)
+        entries = [(f"{names[id(p)]}/{key}", v) for p, st in inner.state.items() if id(p) in names
+                   for key, v in st.items() if isinstance(v, torch.Tensor) and v.dim() > 0]
+        owners = balanced_owners({k: v.numel() * v.element_size() for k, v in entries}, self.state.num_processes)
+        return [TensorSlice(k, tuple(v.shape), v.dtype, 0, v.detach().reshape(-1),
+                            owner=owners[k] == self.state.process_index) for k, v in entries]
+
     def close(self) -> None:
         """Release communication resources (end_training)."""
+
+
+def balanced_owners(sizes: Mapping[str, int], world: int) -> dict[str, int]:
+    """Assigns each named tensor to one rank, largest first to the least loaded rank (ties: lowest rank), so
+    that ranks write about the same number of bytes. Deterministic: every rank computes the same answer."""
+    load = [0] * max(world, 1)
+    owner: dict[str, int] = {}
+    for name in sorted(sizes, key=lambda k: (-sizes[k], k)):
+        r = min(range(len(load)), key=lambda i: (load[i], i))
+        owner[name] = r
+        load[r] += sizes[name]
+    return owner

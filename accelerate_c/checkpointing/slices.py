@@ -1,0 +1,32 @@
+# accelerate_c/checkpointing/slices.py: the contract between strategies and universal checkpoints. A strategy
+# describes the model and optimizer state this rank holds as TensorSlices of *logical* tensors (full name, full
+# unpadded shape, a contiguous range of the row-major flattened tensor); the checkpoint writer stores the slices
+# each rank owns (every rank in parallel), the loader fills each rank's slices from whatever ranges the
+# checkpoint holds, whatever strategy and world size wrote it.
+# Logical names: a model entry is its state_dict key ("layers.0.weight"); an optimizer state entry is
+# "<param name>/<state key>" ("layers.0.weight/exp_avg"), per-parameter scalars (step) included.
+# Not for: the file format (format.py, state.py) or any strategy's layout (strategies/).
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class TensorSlice:
+    """Elements [start, start + data.numel()) of the logical tensor `name` of shape `shape`, held by this rank.
+    `data` is a 1-D view of the rank's own memory: the writer reads it, the loader copies into it.
+    `owner`: True when this rank is the one that writes this slice (a tensor every rank holds whole, such as a
+    replicated buffer, is written once; the strategy chooses the owner so ranks share the writing)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    start: int
+    data: torch.Tensor
+    owner: bool = True
+
+    @property
+    def numel(self) -> int:
+        return self.data.numel()
