@@ -3,8 +3,10 @@
 # unpadded shape, a contiguous range of the row-major flattened tensor); the checkpoint writer stores the slices
 # each rank owns (every rank in parallel), the loader fills each rank's slices from whatever ranges the
 # checkpoint holds, whatever strategy and world size wrote it.
-# Logical names: a model entry is its state_dict key ("layers.0.weight"); an optimizer state entry is
-# "<param name>/<state key>" ("layers.0.weight/exp_avg"), per-parameter scalars (step) included.
+# Logical names: a model entry is its state_dict key ("layers.0.weight"); an optimizer state tensor of a
+# parameter's size is "<param name>/<state key>" ("layers.0.weight/exp_avg"). The optimizer side is described by
+# ParamSlots (where each optimizer parameter lies in the logical model), because optimizer state may not exist
+# yet when a checkpoint is loaded: the loader builds the state dict from the slots and calls load_state_dict.
 # Not for: the file format (format.py, state.py) or any strategy's layout (strategies/).
 from __future__ import annotations
 
@@ -30,3 +32,19 @@ class TensorSlice:
     @property
     def numel(self) -> int:
         return self.data.numel()
+
+
+@dataclass
+class ParamSlot:
+    """Optimizer parameter `index` (flattened param_groups order, the key of its state dict entry) is elements
+    [start, start + numel) of the logical parameter `name` of shape `shape`; the optimizer holds it as a tensor of
+    shape `local_shape` (the logical shape when whole, 1-D when it is a shard's piece). `owner` as in
+    TensorSlice."""
+
+    index: int
+    name: str
+    shape: tuple[int, ...]
+    start: int
+    numel: int
+    local_shape: tuple[int, ...]
+    owner: bool = True

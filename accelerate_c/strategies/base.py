@@ -203,18 +203,23 @@ class Strategy:
         return [TensorSlice(k, tuple(t.shape), t.dtype, 0, t.detach().reshape(-1),
                             owner=owners[k] == self.state.process_index) for k, t in sd.items()]
 
-    def optimizer_slices(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list:
-        """The optimizer's per-parameter state as logical slices named "<param name>/<key>" (tensors only;
-        hyperparameters and scalars stay in the optimizer's own state dict). Here every state tensor is whole."""
-        from ..checkpointing.slices import TensorSlice
+    def optimizer_layout(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list:
+        """Where each of the optimizer's parameters (flattened param_groups order: index i of its state dict) lies in
+        the logical model (checkpointing/slices.py ParamSlot). Here every parameter is whole; each is written by one
+        rank (`owner`), the ranks taking turns by size. A state tensor of the parameter's size is the logical
+        tensor "<name>/<key>" restricted to the slot; anything else (step, ...) is per-parameter scalar state."""
+        from ..checkpointing.slices import ParamSlot
         from ..utils.other import extract_model_from_parallel
         names = {id(p): n for n, p in extract_model_from_parallel(model).named_parameters(remove_duplicate=False)}
         inner = getattr(optimizer, "optimizer", optimizer)
-        entries = [(f"{names[id(p)]}/{key}", v) for p, st in inner.state.items() if id(p) in names
-                   for key, v in st.items() if isinstance(v, torch.Tensor) and v.dim() > 0]
-        owners = balanced_owners({k: v.numel() * v.element_size() for k, v in entries}, self.state.num_processes)
-        return [TensorSlice(k, tuple(v.shape), v.dtype, 0, v.detach().reshape(-1),
-                            owner=owners[k] == self.state.process_index) for k, v in entries]
+        params = [p for g in inner.param_groups for p in g["params"]]
+        missing = [i for i, p in enumerate(params) if id(p) not in names]
+        if missing:
+            raise ValueError(f"optimizer parameter(s) {missing} are not parameters of the model being checkpointed")
+        owners = balanced_owners({names[id(p)]: p.numel() * p.element_size() for p in params},
+                                 self.state.num_processes)
+        return [ParamSlot(i, names[id(p)], tuple(p.shape), 0, p.numel(), tuple(p.shape),
+                          owner=owners[names[id(p)]] == self.state.process_index) for i, p in enumerate(params)]
 
     def close(self) -> None:
         """Release communication resources (end_training)."""
