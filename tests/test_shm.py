@@ -7,25 +7,17 @@ import glob
 import multiprocessing as mp
 import os
 import signal
-import socket
 import time
 import traceback
 
 import pytest
 import torch
+from conftest import free_port
 from simd_levels import LEVELS, simd
 
 from accelerate_c import _C
 
 SMALL, CHUNK = 4096, 16384  # tiny buffers so that modest sizes exercise every path
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _entry(fn, rank, ws, port, q, env, args):
@@ -51,7 +43,7 @@ def run(fn, ws, *args, envs=None, timeout=300, allow_missing=()):
     """Runs fn(rank, ws, *args) on ws spawned gloo ranks; returns {rank: result}. Raises on a worker error."""
     ctx = mp.get_context("fork")  # the parent has torch imported already: no re-import per rank
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_entry, args=(fn, r, ws, port, q, envs[r] if envs else None, args)) for r in range(ws)]
     for p in procs:
         p.start()
@@ -336,7 +328,7 @@ def _w_kill(rank, ws, tag):
 
 
 def test_killed_peer_raises_and_leaves_nothing():
-    tag = f"t{_free_port()}"
+    tag = f"t{free_port()}"
     ws = 3
     res = run(_w_kill, ws, tag, allow_missing=(ws - 1,))
     for r in range(ws - 1):
@@ -401,7 +393,7 @@ def test_mismatch_and_timeout_are_clear_errors():
 
 
 def test_segment_permissions_and_unlink_on_timeout():
-    name = f"/accc-test-{os.getpid()}-{_free_port()}"
+    name = f"/accc-test-{os.getpid()}-{free_port()}"
     h = _C.shm_group_open(name, True, 0, 2, 0, 0, 0.3)
     try:
         st = os.stat("/dev/shm" + name)
