@@ -273,3 +273,14 @@ class DummyScheduler:
         self.warmup_num_steps = warmup_num_steps
         self.lr_scheduler_callable = lr_scheduler_callable
         self.kwargs = kwargs
+
+
+def get_active_deepspeed_plugin(state: Any) -> Any:
+    """The active DeepSpeedPlugin of an AcceleratorState (HF's helper)."""
+    from .dataclasses import DistributedType
+    if state.distributed_type != DistributedType.DEEPSPEED:
+        raise ValueError("Couldn't retrieve the active `DeepSpeedPlugin` as none were enabled. Please make sure that "
+                         "either `Accelerator` is configured for `deepspeed` or make sure that the desired "
+                         "`DeepSpeedPlugin` has been enabled (`AcceleratorState().select_deepspeed_plugin(name)`) "
+                         "before calling this function.")
+    return state.deepspeed_plugin
