@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 from contextlib import contextmanager
 from datetime import timedelta
@@ -288,6 +289,10 @@ class AcceleratorState(StateProbes):
             if mp != "no":
                 fsdp_plugin.set_mixed_precision(mp)
             self.fsdp_plugin = fsdp_plugin
+        if fsdp_plugin is not None and self.device.type == "cpu" and \
+                type(getattr(fsdp_plugin, "cpu_offload", None)).__name__ == "CPUOffloadPolicy":
+            warnings.warn("FullyShardedDataParallelPlugin(cpu_offload=True) / FSDP_OFFLOAD_PARAMS: this run is on CPU "
+                          "already, so offloading to CPU is a no-op", UserWarning, stacklevel=4)
         PartialState._shared_state["distributed_type"] = self.distributed_type
 
     @property

@@ -443,3 +443,20 @@ def test_sharded_config_from_deepspeed_plugin():
     assert cfg.grad_scaler_kwargs == {"init_scale": 4096.0, "growth_interval": 100}
     assert cfg.deepspeed_config is plugin.deepspeed_config
     assert ShardedConfig.from_sources({"DeepSpeedPlugin": DeepSpeedPlugin(zero_stage=1)}, env={}).stage == 1
+
+
+@pytest.mark.parametrize("block,match", [({"optimizer": {"type": "Lamb"}}, "optimizer.type"),
+                                         ({"optimizer": {"type": "Adam", "params": {"foo": 1}}}, "optimizer.params.foo"),
+                                         ({"scheduler": {"type": "OneCycle"}}, "scheduler.type"),
+                                         ({"scheduler": {"type": "WarmupLR", "params": {"bar": 1}}},
+                                          "scheduler.params.bar")])
+def test_optimizer_and_scheduler_blocks_checked_at_construction(block, match):
+    with pytest.raises(DeepSpeedConfigError, match=match):
+        DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}, **block})
+
+
+def test_json_blocks_need_their_objects_in_the_model_call():
+    plugin = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 1,
+                                           "optimizer": {"type": "AdamW"}})
+    with pytest.raises(ValueError, match="pass a `DummyOptim`"):
+        prepare_deepspeed_objects(plugin, [torch.nn.Linear(2, 2)], _acc())

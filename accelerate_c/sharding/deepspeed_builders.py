@@ -38,14 +38,35 @@ def _params(block: dict, kind: str, accepted: dict) -> dict:
     return {**accepted, **given}
 
 
-def build_optimizer(block: dict, params: Any) -> torch.optim.Optimizer:
-    """The optimizer of the JSON "optimizer" block over `params` (DummyOptim.params)."""
-    from ..optim import SGD, Adam, AdamW
+def _optimizer_kind(block: dict) -> str:
     name = str(block["type"])
     kind = name.lower() if name.lower() in ("adam", "adamw") else name
     if kind not in ("adam", "adamw", "SGD"):
         raise DeepSpeedConfigError(f"DeepSpeed config `optimizer.type`: {name!r} is not supported by accelerate_c; "
                                    "supported: Adam, AdamW (DeepSpeed's names, any case), SGD")
+    return kind
+
+
+def check_block(kind: str, block: dict) -> None:
+    """At plugin construction: the type and parameter names of the "optimizer" / "scheduler" block are ones we
+    build (values may still be "auto"; they are checked when built at prepare)."""
+    if kind == "optimizer":
+        accepted = OPTIMIZERS[_optimizer_kind(block).lower()]
+    elif str(block["type"]) in SCHEDULERS:
+        accepted = SCHEDULERS[str(block["type"])]
+    else:
+        raise DeepSpeedConfigError(f"DeepSpeed config `scheduler.type`: {block['type']!r} is not supported by "
+                                   f"accelerate_c; supported: {', '.join(SCHEDULERS)}")
+    unknown = sorted(set(block.get("params") or {}) - set(accepted))
+    if unknown:
+        raise DeepSpeedConfigError(f"DeepSpeed config `{kind}.params.{unknown[0]}` is not supported by accelerate_c "
+                                   f"for {kind} type {block['type']!r}; supported: {', '.join(accepted)}")
+
+
+def build_optimizer(block: dict, params: Any) -> torch.optim.Optimizer:
+    """The optimizer of the JSON "optimizer" block over `params` (DummyOptim.params)."""
+    from ..optim import SGD, Adam, AdamW
+    kind = _optimizer_kind(block)
     if kind == "SGD":
         p = _params(block, "optimizer", OPTIMIZERS["sgd"])
         return SGD(params, **p)

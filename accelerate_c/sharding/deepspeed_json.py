@@ -194,8 +194,11 @@ def validate_config(config: dict, _prefix: str = "") -> list[str]:
         if effect == "hint" and path not in _HF_INSERTED:
             hints.append(path)
     for block in ("optimizer", "scheduler"):
-        if not _prefix and block in config and "type" not in config[block]:
-            raise DeepSpeedConfigError(f"DeepSpeed config `{block}`: the block needs a `type`")
+        if not _prefix and block in config:
+            if "type" not in config[block]:
+                raise DeepSpeedConfigError(f"DeepSpeed config `{block}`: the block needs a `type`")
+            from .deepspeed_builders import check_block
+            check_block(block, config[block])
     return hints
 
 
@@ -310,6 +313,10 @@ def prepare_deepspeed_objects(plugin: Any, objects: list, accelerator: Any) -> l
     if model is None:
         return objects
 
+    for block, obj, dummy in (("optimizer", optimizer, "DummyOptim"), ("scheduler", scheduler, "DummyScheduler")):
+        if block in config and obj is None:  # DeepSpeed would build and run it behind the model: so must we
+            raise ValueError(f"The DeepSpeed config has a `{block}` block: pass a `{dummy}` to the same prepare() "
+                             f"call as the model (accelerate_c builds the {block} there)")
     _fill_hidden_size_keys(plugin, model, kwargs)
     if isinstance(optimizer, DummyOptim):
         kwargs.update({"optimizer.params.lr": optimizer.lr, "optimizer.params.weight_decay": optimizer.weight_decay})
