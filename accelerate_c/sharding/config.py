@@ -46,6 +46,7 @@ class ShardedConfig(DDPConfig):
     auto_wrap_callable: Optional[Callable[..., Any]] = None  # auto_wrap_policy "callable": the user's policy function
     activation_checkpointing_offload: bool = False  # FSDP2: checkpointed inputs kept in CPU memory (CPU runs: as is)
     grad_scaler_kwargs: Mapping[str, Any] = field(default_factory=dict)  # DeepSpeed fp16 block -> GradScaler kwargs
+    save_16bit_model: bool = False            # DeepSpeed stage3_gather_16bit_weights_on_model_save (save_model)
 
     @classmethod
     def _fields(cls, handlers: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
@@ -130,6 +131,7 @@ def fields_from_deepspeed_plugin(plugin: Any) -> dict[str, Any]:
                               "cpu_offload": any(zero.get(k, {}).get("device") in ("cpu", "nvme")
                                                  for k in ("offload_optimizer", "offload_param")),
                               "state_dict_type": "SHARDED_STATE_DICT"}
+    fields["save_16bit_model"] = zero.get("stage3_gather_16bit_weights_on_model_save") is True
     clip = config.get("gradient_clipping", getattr(plugin, "gradient_clipping", None))
     if isinstance(clip, (int, float)) and not isinstance(clip, bool):
         fields["gradient_clipping"] = float(clip)
