@@ -460,3 +460,15 @@ def test_json_blocks_need_their_objects_in_the_model_call():
                                            "optimizer": {"type": "AdamW"}})
     with pytest.raises(ValueError, match="pass a `DummyOptim`"):
         prepare_deepspeed_objects(plugin, [torch.nn.Linear(2, 2)], _acc())
+
+
+def test_sharded_config_rereads_deepspeed_values_filled_at_prepare():
+    from accelerate.utils.deepspeed import HfDeepSpeedConfig as HFConfig
+    plugin = DeepSpeedPlugin(hf_ds_config=HFConfig({"zero_optimization": {"stage": 2}, "gradient_clipping": "auto",
+                                                    "train_micro_batch_size_per_gpu": 2}))  # HF's object form
+    cfg = ShardedConfig.from_sources({"DeepSpeedPlugin": plugin}, env={})
+    assert cfg.gradient_clipping is None  # still "auto"
+    prepare_deepspeed_objects(plugin, [torch.nn.Linear(2, 2)], _acc(world=2))
+    assert cfg.with_resolved_deepspeed().gradient_clipping == 1.0  # HF fills "auto" clipping with 1.0
+    no_clip = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}, "gradient_clipping": 0.0})
+    assert ShardedConfig.from_sources({"DeepSpeedPlugin": no_clip}, env={}).gradient_clipping is None

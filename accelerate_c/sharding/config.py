@@ -8,6 +8,7 @@
 # (sharding/deepspeed_json.py).
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
@@ -47,6 +48,13 @@ class ShardedConfig(DDPConfig):
     activation_checkpointing_offload: bool = False  # FSDP2: checkpointed inputs kept in CPU memory (CPU runs: as is)
     grad_scaler_kwargs: Mapping[str, Any] = field(default_factory=dict)  # DeepSpeed fp16 block -> GradScaler kwargs
     save_16bit_model: bool = False            # DeepSpeed stage3_gather_16bit_weights_on_model_save (save_model)
+
+    def with_resolved_deepspeed(self) -> "ShardedConfig":
+        """This config with the DeepSpeed fields re-read from `deepspeed_config` after prepare filled its "auto"
+        values (gradient_clipping "auto" -> 1.0, GA, reduce_bucket_size, ...); unchanged for the FSDP face."""
+        if self.face != "deepspeed":
+            return self
+        return dataclasses.replace(self, **_fields_from_deepspeed_json(self.deepspeed_config))
 
     @classmethod
     def _fields(cls, handlers: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
@@ -121,8 +129,8 @@ def _wrap_fields(plugin: Any) -> dict[str, Any]:
 
 def fields_from_deepspeed_plugin(plugin: Any) -> dict[str, Any]:
     """ShardedConfig fields from a DeepSpeedPlugin (utils/deepspeed_plugin.py) and its JSON. Values still "auto"
-    are resolved at prepare (deepspeed_json.prepare_deepspeed_objects), which updates `deepspeed_config` in place:
-    the engine should read gradient clipping / GA from that mapping at step time."""
+    are resolved at prepare (deepspeed_json.prepare_deepspeed_objects), which updates `deepspeed_config` in place;
+    `ShardedConfig.with_resolved_deepspeed()` then re-reads the fields that depend on them."""
     config = getattr(plugin, "deepspeed_config", None) or {}
     zero = config.get("zero_optimization", {})
     stage = zero.get("stage", getattr(plugin, "zero_stage", 2))
@@ -131,10 +139,17 @@ def fields_from_deepspeed_plugin(plugin: Any) -> dict[str, Any]:
                               "cpu_offload": any(zero.get(k, {}).get("device") in ("cpu", "nvme")
                                                  for k in ("offload_optimizer", "offload_param")),
                               "state_dict_type": "SHARDED_STATE_DICT"}
-    fields["save_16bit_model"] = zero.get("stage3_gather_16bit_weights_on_model_save") is True
-    clip = config.get("gradient_clipping", getattr(plugin, "gradient_clipping", None))
+    fields.update(_fields_from_deepspeed_json(config))
+    return fields
+
+
+def _fields_from_deepspeed_json(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields that "auto" values may still hide until prepare (see ShardedConfig.with_resolved_deepspeed)."""
+    zero = config.get("zero_optimization", {})
+    fields: dict[str, Any] = {"save_16bit_model": zero.get("stage3_gather_16bit_weights_on_model_save") is True}
+    clip = config.get("gradient_clipping")  # absent: DeepSpeed does not clip (the plugin's own value filled "auto")
     if isinstance(clip, (int, float)) and not isinstance(clip, bool):
-        fields["gradient_clipping"] = float(clip)
+        fields["gradient_clipping"] = float(clip) if clip > 0 else None  # DeepSpeed: 0 = no clipping
     ga = config.get("gradient_accumulation_steps")
     if isinstance(ga, int) and not isinstance(ga, bool):
         fields["gradient_accumulation_steps"] = ga

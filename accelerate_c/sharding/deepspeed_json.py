@@ -77,6 +77,8 @@ class HfDeepSpeedConfig:
     """HF's config holder (same methods): a JSON file path, a JSON or base64-JSON string, or a dict (copied)."""
 
     def __init__(self, config_file_or_dict: Any) -> None:
+        if isinstance(getattr(config_file_or_dict, "config", None), dict):  # another library's HfDeepSpeedConfig
+            config_file_or_dict = config_file_or_dict.config
         if isinstance(config_file_or_dict, dict):
             config = copy.deepcopy(config_file_or_dict)
         elif isinstance(config_file_or_dict, str) and os.path.exists(config_file_or_dict):

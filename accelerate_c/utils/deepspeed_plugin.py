@@ -85,7 +85,7 @@ class DeepSpeedPlugin:
         if self.hf_ds_config is None:
             self.hf_ds_config = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
 
-        if isinstance(self.hf_ds_config, (dict, HfDeepSpeedConfig)) or (
+        if isinstance(self.hf_ds_config, dict) or hasattr(self.hf_ds_config, "config") or (
                 isinstance(self.hf_ds_config, str) and self.hf_ds_config != "none"):
             self._from_config(HfDeepSpeedConfig)
         else:
