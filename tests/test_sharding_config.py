@@ -22,7 +22,7 @@ from accelerate_c.sharding.config import ShardedConfig
 from accelerate_c.sharding.deepspeed_json import DeepSpeedConfigError, prepare_deepspeed_objects
 from accelerate_c.utils.deepspeed_plugin import DeepSpeedPlugin, DummyOptim, DummyScheduler
 from accelerate_c.utils.sharding_plugins import FullyShardedDataParallelPlugin as FSDP
-from conftest import reset_state, run_script
+from conftest import reset_state
 
 HF_FSDP, HF_DS = hf_utils.FullyShardedDataParallelPlugin, hf_utils.DeepSpeedPlugin
 FSDP_VARS = ["VERSION", "SHARDING_STRATEGY", "RESHARD_AFTER_FORWARD", "OFFLOAD_PARAMS", "MIN_NUM_PARAMS",
