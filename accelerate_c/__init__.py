@@ -24,6 +24,9 @@ def __getattr__(name: str):
     if name == "find_executable_batch_size":
         from .utils.memory import find_executable_batch_size
         return find_executable_batch_size
+    if name in ("FullyShardedDataParallelPlugin", "DeepSpeedPlugin"):
+        from . import utils
+        return getattr(utils, name)
     if name in ("notebook_launcher", "debug_launcher"):
         from . import launchers
         return getattr(launchers, name)
@@ -31,6 +34,7 @@ def __getattr__(name: str):
 
 
 __all__ = ["Accelerator", "AcceleratorState", "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
+           "DeepSpeedPlugin", "FullyShardedDataParallelPlugin",
            "DistributedDataParallelKwargs", "DistributedType", "FP8RecipeKwargs", "GradScalerKwargs",
            "GradientAccumulationPlugin", "GradientState", "InitProcessGroupKwargs", "PartialState",
            "ProfileKwargs", "ProjectConfiguration", "debug_launcher", "find_executable_batch_size",

@@ -21,7 +21,7 @@ from .probes import AcceleratorProbes
 from .run_properties import RunProperties
 from .process_api import ProcessAPI
 from .scheduler import AcceleratedScheduler
-from .state import AcceleratorState, GradientState, _env_flag
+from .state import AcceleratorState, GradientState, _env_flag, sharding_plugins
 from .strategies import StrategyContext, select_strategy
 from .tracking_api import TrackingAPI
 from .utils.dataclasses import (DataLoaderConfiguration, GradientAccumulationPlugin, KwargsHandler,
@@ -52,11 +52,9 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
             if given:
                 raise NotImplementedError(f"accelerate_c: {name} is not supported yet (tensor and pipeline "
                                           "parallelism are on the roadmap); use data parallelism or sharding")
-        if deepspeed_plugin is None and deepspeed_plugins is not None:
-            deepspeed_plugin = deepspeed_plugins
-        if fsdp_plugin is not None and deepspeed_plugin is not None:
-            raise ValueError("Accelerator: pass either fsdp_plugin or deepspeed_plugin, not both")
-        sharding_plugins = {type(p).__name__: p for p in (fsdp_plugin, deepspeed_plugin) if p is not None}
+        if deepspeed_plugins is not None and deepspeed_plugin is not None:
+            raise ValueError("You cannot pass in both `deepspeed_plugins` and `deepspeed_plugin`.")
+        fsdp_plugin, deepspeed_plugin = sharding_plugins(fsdp_plugin, deepspeed_plugin or deepspeed_plugins)
         if project_config is not None:
             if project_dir is not None:
                 project_config.set_directories(project_dir)
@@ -72,7 +70,6 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
             if key in self.handlers:
                 raise ValueError(f"You can only pass one {key} in `kwargs_handlers`.")
             self.handlers[key] = handler
-        self.handlers.update(sharding_plugins)  # the sharding plugins are read like kwargs handlers (one config)
         self.ddp_handler = self.handlers.get("DistributedDataParallelKwargs")
         self.scaler_handler = self.handlers.get("GradScalerKwargs")
         self.init_handler = self.handlers.get("InitProcessGroupKwargs")
@@ -86,7 +83,12 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
             dynamo_plugin = TorchDynamoPlugin(backend=dynamo_backend)
         init_kwargs = self.init_handler.to_dict() if self.init_handler is not None else {}
         self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, init_kwargs=init_kwargs,
-                                      dynamo_plugin=dynamo_plugin)
+                                      dynamo_plugin=dynamo_plugin, deepspeed_plugin=deepspeed_plugin,
+                                      fsdp_plugin=fsdp_plugin)
+        # the sharding plugins are read like kwargs handlers (one config source for the strategies)
+        active_ds = self.state.deepspeed_plugin
+        self.handlers.update({type(p).__name__: p for p in (fsdp_plugin, active_ds or deepspeed_plugin)
+                              if p is not None and not isinstance(p, dict)})
 
         if gradient_accumulation_plugin is not None:
             if gradient_accumulation_steps != 1:
@@ -144,7 +146,8 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
                              "(the number of objects passed).")
         # Models and loaders first, then optimizers (which may be rebuilt on the prepared parameters),
         # then schedulers (which need the prepared optimizers), as HF does in two passes.
-        result = list(args)
+        # the strategy may first replace objects (DeepSpeed's DummyOptim / DummyScheduler, "auto" values)
+        result = self.strategy.prepare_objects(list(args), self)
         for kind in ("first", "optimizer", "scheduler"):
             for i, obj in enumerate(result):
                 result[i] = self._prepare_one(obj, kind, device_placement[i])

@@ -1,7 +1,7 @@
 # accelerate_c/probes.py: the feature probes HF scripts read on AcceleratorState and Accelerator (DeepSpeed,
 # FSDP, Megatron-LM, the parallelism config and device mesh, fp8 backend, the *_parallel_rank properties), as
-# two mixins. They answer what HF 1.15 answers when the feature is not in use (None / False / HF's errors), which
-# is always the case today: the constructors refuse those features (Accelerator.__init__).
+# two mixins. They answer what HF 1.15 answers: for DeepSpeed/FSDP from the state's plugins (state.py sets them),
+# for Megatron-LM / tensor parallelism what HF answers when unused (the constructors refuse those features).
 # Not for: the features themselves (the sharded engine and tensor/pipeline parallelism will own their state).
 from __future__ import annotations
 
@@ -51,8 +51,12 @@ class StateProbes:
         return self.deepspeed_plugins[name]
 
     def select_deepspeed_plugin(self, name: Optional[str] = None) -> None:
+        """Makes the named plugin (of a dict passed as deepspeed_plugins) the active one, as HF."""
         self._require_deepspeed()
-        raise NotImplementedError("accelerate_c: DeepSpeed is not supported yet")
+        for key, plugin in self.deepspeed_plugins.items():
+            if key != name:
+                plugin._unselect()
+        self.deepspeed_plugins[name].select(_from_accelerator_state=True)
 
 
 class AcceleratorProbes:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 from contextlib import contextmanager
 from datetime import timedelta
@@ -244,12 +245,13 @@ class AcceleratorState(StateProbes):
                                                 "fsdp_plugin", "megatron_lm_plugin", "dynamo_plugin"]
 
     def __init__(self, mixed_precision: Optional[str] = None, cpu: bool = False, dynamo_plugin: Any = None,
-                 **kwargs: Any) -> None:
+                 deepspeed_plugin: Any = None, fsdp_plugin: Any = None, **kwargs: Any) -> None:
         self.__dict__ = self._shared_state
         if PartialState._shared_state == {}:
             PartialState(cpu, **kwargs)
         self.__dict__.update(PartialState._shared_state)
-        if self.initialized_precision and mixed_precision is not None and mixed_precision != self._mixed_precision:
+        if (self.initialized_precision and mixed_precision is not None and mixed_precision != self._mixed_precision
+                and self.distributed_type != DistributedType.DEEPSPEED):
             raise ValueError("AcceleratorState has already been initialized and cannot be changed, restart your "
                              "runtime completely and pass `mixed_precision` to `Accelerator()`.")
         if not self.initialized_precision:
@@ -259,6 +261,7 @@ class AcceleratorState(StateProbes):
                 raise ValueError(f"Unknown mixed_precision mode: {mp!r}. Choose between no, fp16, bf16, fp8.")
             self._init_plugins(dynamo_plugin)
             self._mixed_precision = mp
+            self._init_sharding(mp, deepspeed_plugin, fsdp_plugin)
 
     @property
     def initialized_precision(self) -> bool:
@@ -268,12 +271,46 @@ class AcceleratorState(StateProbes):
     def initialized(self) -> bool:
         return self._shared_state != {}
 
+    def _init_sharding(self, mp: str, deepspeed_plugin: Any, fsdp_plugin: Any) -> None:
+        """HF's choice of DEEPSPEED / FSDP, except that CPU processes shard too (HF runs them as plain DDP): a
+        DeepSpeed plugin always makes the run DEEPSPEED (its JSON then owns fp16/bf16, as in HF); an FSDP plugin
+        makes a multi-process run FSDP (one process stays NO, as HF's single-GPU run)."""
+        if deepspeed_plugin is not None:
+            plugins = list(deepspeed_plugin.values()) if isinstance(deepspeed_plugin, dict) else [deepspeed_plugin]
+            for plugin in plugins:
+                plugin.set_mixed_precision(mp)
+            plugins[0].select(_from_accelerator_state=True)  # the first one is the active one
+            self.deepspeed_plugins = deepspeed_plugin
+            self.distributed_type = DistributedType.DEEPSPEED
+            if mp != "fp8":
+                self._mixed_precision = "no"  # read from the DeepSpeed config (the `mixed_precision` property)
+        elif fsdp_plugin is not None and self.num_processes > 1:
+            self.distributed_type = DistributedType.FSDP
+            if mp != "no":
+                fsdp_plugin.set_mixed_precision(mp)
+            self.fsdp_plugin = fsdp_plugin
+        if fsdp_plugin is not None and self.device.type == "cpu" and \
+                type(getattr(fsdp_plugin, "cpu_offload", None)).__name__ == "CPUOffloadPolicy":
+            warnings.warn("FullyShardedDataParallelPlugin(cpu_offload=True) / FSDP_OFFLOAD_PARAMS: this run is on CPU "
+                          "already, so offloading to CPU is a no-op", UserWarning, stacklevel=4)
+        PartialState._shared_state["distributed_type"] = self.distributed_type
+
     @property
     def mixed_precision(self) -> str:
+        if self.distributed_type == DistributedType.DEEPSPEED and self._mixed_precision != "fp8":
+            config = self.deepspeed_plugin.deepspeed_config
+            if config.get("fp16", {}).get("enabled", False):
+                return "fp16"
+            if config.get("bf16", {}).get("enabled", False):
+                return "bf16"
+            return "no"
         return self._mixed_precision
 
     def __repr__(self) -> str:
-        return PartialState().__repr__() + f"\nMixed precision type: {self.mixed_precision}\n"
+        text = PartialState().__repr__() + f"\nMixed precision type: {self.mixed_precision}\n"
+        if self.distributed_type == DistributedType.DEEPSPEED:
+            text += f"ds_config: {self.deepspeed_plugin.deepspeed_config}\n"
+        return text
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
@@ -309,6 +346,43 @@ class AcceleratorState(StateProbes):
         if name in self._known_attrs:
             raise AttributeError(_RESET_TEXT.format(cls="AcceleratorState", name=name))
         raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'")
+
+
+def sharding_plugins(fsdp_plugin: Any, deepspeed_plugin: Any) -> tuple[Any, Any]:
+    """The Accelerator's FSDP / DeepSpeed plugins, as HF 1.15 settles them: a plugin built from the FSDP_* /
+    ACCELERATE_DEEPSPEED_* variables when ACCELERATE_USE_FSDP / ACCELERATE_USE_DEEPSPEED is true and none was
+    passed (a second Accelerator reuses the state's DeepSpeed plugins), the type checks, and the USE variable set
+    when a plugin is passed."""
+    from .utils.deepspeed_plugin import DeepSpeedPlugin
+    from .utils.sharding_plugins import FullyShardedDataParallelPlugin
+    state = AcceleratorState._shared_state
+    ds_in_use = state != {} and state.get("distributed_type") == DistributedType.DEEPSPEED
+    if deepspeed_plugin is None:
+        if ds_in_use:
+            deepspeed_plugin = AcceleratorState().deepspeed_plugins
+        elif _env_flag("ACCELERATE_USE_DEEPSPEED"):
+            deepspeed_plugin = DeepSpeedPlugin()
+    else:
+        if ds_in_use and state.get("deepspeed_plugins") is not None:
+            raise NotImplementedError("You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`. "
+                                      "Please make sure the first `Accelerator` is initialized with all the plugins "
+                                      "you want to use.")
+        for plugin in deepspeed_plugin.values() if isinstance(deepspeed_plugin, dict) else [deepspeed_plugin]:
+            if not isinstance(plugin, DeepSpeedPlugin):
+                raise TypeError("`deepspeed_plugin` must be a DeepSpeedPlugin object.")
+    if deepspeed_plugin is not None:
+        os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    if fsdp_plugin is None:
+        if _env_flag("ACCELERATE_USE_FSDP") and deepspeed_plugin is None:
+            fsdp_plugin = FullyShardedDataParallelPlugin()
+    else:
+        if not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
+            raise TypeError("`fsdp_plugin` must be a FullyShardedDataParallelPlugin object.")
+        os.environ["ACCELERATE_USE_FSDP"] = "true"
+    if fsdp_plugin is not None and deepspeed_plugin is not None:
+        raise ValueError("Accelerator: pass either fsdp_plugin or deepspeed_plugin (or set ACCELERATE_USE_FSDP / "
+                         "ACCELERATE_USE_DEEPSPEED), not both")
+    return fsdp_plugin, deepspeed_plugin
 
 
 class GradientState:

@@ -227,6 +227,17 @@ def test_probes_with_dynamo_backend_match_hf():
     assert _probes("accelerate_c", dynamo_backend="eager") == _probes("accelerate", dynamo_backend="eager")
 
 
+def test_probes_with_fsdp_plugin_match_hf(monkeypatch):
+    """One process with an FSDP2 plugin: HF keeps distributed_type NO (fsdp_plugin unset, is_fsdp2 False); so do we
+    (the plugin still reaches the strategy's config). Both libraries set ACCELERATE_USE_FSDP: restored after."""
+    import accelerate
+    import accelerate_c
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")
+    ours = _probes("accelerate_c", fsdp_plugin=accelerate_c.utils.FullyShardedDataParallelPlugin(fsdp_version=2))
+    hf = _probes("accelerate", fsdp_plugin=accelerate.utils.FullyShardedDataParallelPlugin(fsdp_version=2))
+    assert ours == hf and ours["acc.is_fsdp2"] == ("value", False)
+
+
 def test_unset_plugins_are_none_and_tensor_parallel_still_refused():
     import accelerate_c
     acc = accelerate_c.Accelerator(cpu=True)

@@ -17,7 +17,10 @@ from typing import Any
 
 import yaml
 
-from .config_blocks import BLOCKS, DynamoConfig, FP8Config, env_str as _env_str, setting as _opt
+from .config_blocks import BLOCKS as _BASE_BLOCKS, DynamoConfig, FP8Config, env_str as _env_str, setting as _opt
+from .config_sharding import DeepSpeedBlock, FSDPBlock
+
+BLOCKS = {**_BASE_BLOCKS, "fsdp_config": FSDPBlock, "deepspeed_config": DeepSpeedBlock}
 
 # HF's DistributedType values: all are accepted in a file; the launcher runs every one of them
 # through torch's elastic agent (except XLA, which needs torch_xla).
@@ -39,7 +42,11 @@ class ClusterConfig:
     distributed_type: str = _opt("NO", "str", "HF's distributed type (all run on torch's elastic agent)",
                                  choices=DISTRIBUTED_TYPES, question="Distributed type",
                                  switches={"--multi_gpu": ("MULTI_GPU", "one process per GPU; without CUDA "
-                                                           "the processes run on CPU, with a warning")})
+                                                           "the processes run on CPU, with a warning"),
+                                           "--use_fsdp": ("FSDP", "fully sharded data parallelism (the --fsdp_* "
+                                                          "flags / fsdp_config; CPU processes shard too)"),
+                                           "--use_deepspeed": ("DEEPSPEED", "DeepSpeed ZeRO on accelerate_c's "
+                                                               "engine (deepspeed_config; no DeepSpeed needed)")})
     mixed_precision: str = _opt("no", "str", "mixed precision", choices=MIXED_PRECISION,
                                 env="ACCELERATE_MIXED_PRECISION", flag="--mixed_precision",
                                 question="Mixed precision")
@@ -68,8 +75,8 @@ class ClusterConfig:
     enable_cpu_affinity: bool = _opt(False, "bool", "bind ranks to NUMA nodes", env="ACCELERATE_CPU_AFFINITY",
                                      flag="--enable_cpu_affinity")
     fp8_config: dict = _opt({}, "dict", "FP8 recipe (see FP8Config)")
-    deepspeed_config: dict = _opt({}, "dict", "DeepSpeed/ZeRO settings (read by the ZeRO strategy)")
-    fsdp_config: dict = _opt({}, "dict", "FSDP settings (read by the FSDP strategy)")
+    deepspeed_config: dict = _opt({}, "dict", "DeepSpeed/ZeRO settings (see DeepSpeedBlock; docs/sharding_config.md)")
+    fsdp_config: dict = _opt({}, "dict", "FSDP settings (see FSDPBlock; docs/sharding_config.md)")
     parallelism_config: dict = _opt({}, "dict", "parallelism sizes (read by the parallelism config)")
     megatron_lm_config: dict = _opt({}, "dict", "Megatron-LM settings (read by the TP/PP strategies)")
     mpirun_config: dict = _opt({}, "dict", "mpirun settings (not used: accelerate_c needs no MPI)")
@@ -89,9 +96,9 @@ class ClusterConfig:
                                                    env="ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
                                                    flag="--gradient_accumulation_steps", ext=True,
                                                    question="Gradient accumulation steps")
-    gradient_clipping: float | None = _opt(None, "float", "gradient clipping value, passed on as "
-                                           "ACCELERATE_GRADIENT_CLIPPING; HF applies it with DeepSpeed only, and "
-                                           "in accelerate_c it has NO effect yet (DeepSpeed/ZeRO comes later)",
+    gradient_clipping: float | None = _opt(None, "float", "DeepSpeed's gradient clipping value, passed on as "
+                                           "ACCELERATE_GRADIENT_CLIPPING (as in HF it acts with distributed_type "
+                                           "DEEPSPEED only; elsewhere call accelerator.clip_grad_norm_)",
                                            env="ACCELERATE_GRADIENT_CLIPPING", flag="--gradient_clipping", ext=True)
     num_cpu_threads_per_process: int | None = _opt(None, "int", "CPU threads per rank (OMP_NUM_THREADS; default: "
                                                    "the variable when set, else cores / local processes)",
@@ -112,9 +119,14 @@ class ClusterConfig:
         validate(self)
 
     def block(self, key: str) -> Any:
-        """The `key` block (fp8_config, dynamo_config) as its validated dataclass."""
+        """The `key` block (fp8_config, dynamo_config, fsdp_config, deepspeed_config) as its validated dataclass."""
         cls = BLOCKS[key]
-        return _build(cls, {cls.key_of(k): v for k, v in getattr(self, key).items()}, key + ".")
+        obj = _build(cls, {cls.key_of(k): v for k, v in getattr(self, key).items()}, key + ".")
+        try:
+            getattr(obj, "check", lambda key: None)(key)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        return obj
 
     def fp8(self) -> FP8Config:
         return self.block("fp8_config")
@@ -149,6 +161,14 @@ class ClusterConfig:
         if self.mixed_precision == "fp8":
             out.update(self.fp8().env())
         out.update(self.dynamo().env())  # always, as HF does (backend NO when not configured)
+        if self.distributed_type == "FSDP":  # HF's launcher: the FSDP_* variables, its defaults included
+            out.update(self.block("fsdp_config").env())
+        elif self.distributed_type == "DEEPSPEED":
+            ds = self.block("deepspeed_config").env()
+            # the top-level values (file or flag) win over the block's, as HF's flags do
+            out.update({k: v for k, v in ds.items() if k not in out})
+            # HF: the config file's deepspeed_config keys (launch sets ds_file_fields; flags are not among them)
+            out["ACCELERATE_CONFIG_DS_FIELDS"] = ",".join(getattr(self, "ds_file_fields", self.deepspeed_config))
         return out
 
 
@@ -161,7 +181,7 @@ def _allowed(f: dataclasses.Field) -> str:
     if meta["choices"]:
         return "one of " + ", ".join(repr(c) for c in meta["choices"])
     return {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
-            "dict": "a mapping", "list": "a list"}[meta["kind"]] + (" or null" if _default(f) is None else "")
+            "dict": "a mapping", "list": "a list", "scalar": "a string, number or boolean"}[meta["kind"]] + (" or null" if _default(f) is None else "")
 
 
 def _check(f: dataclasses.Field, value: Any, prefix: str = "") -> Any:
@@ -175,7 +195,9 @@ def _check(f: dataclasses.Field, value: Any, prefix: str = "") -> Any:
     if kind == "bool":
         ok = isinstance(value, bool)
     elif kind == "int":
-        ok = isinstance(value, int) and not isinstance(value, bool)
+        ok = isinstance(value, int) and not isinstance(value, bool) and (not choices or value in choices)
+    elif kind == "scalar":  # a name or a boolean/number (fsdp_reshard_after_forward: true | FULL_SHARD)
+        ok = isinstance(value, (str, bool, int, float))
     elif kind == "float":
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         value = float(value) if ok else value
@@ -341,7 +363,7 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r}")
 
 
-ARG_TYPES = {"int": int, "float": float, "str": str}  # a field's kind -> the type of its flag's value
+ARG_TYPES = {"int": int, "float": float, "str": str, "scalar": str}  # a field's kind -> the type of its flag's value
 
 
 def parse_answer(f: dataclasses.Field, text: str) -> Any:

@@ -35,10 +35,13 @@ class HelpFormatter(argparse.HelpFormatter):
         return super()._format_action_invocation(action)
 
 
-def _value_kw(meta: Any, name: str) -> dict[str, Any]:
+def _value_kw(meta: Any, name: str, valued_bools: bool = False) -> dict[str, Any]:
     """add_argument keywords for one field: a const True for booleans (absent = None, so the config file
-    fills it), else a typed value (normalised first when the field has `norm`)."""
+    fills it) or, for blocks whose HF flags take one (`--fsdp_offload_params true`), a true/false value; else a
+    typed value (normalised first when the field has `norm`)."""
     if meta["kind"] == "bool":
+        if valued_bools:
+            return dict(type=_bool_arg, metavar="true|false")
         return dict(action="store_const", const=True)
     kind_type = ARG_TYPES[meta["kind"]]
     norm = meta["norm"]
@@ -59,10 +62,19 @@ def add_config_flags(parser: Any) -> None:
                      help=f"{text} ({f.name} {value})")
     for key, block in BLOCKS.items():
         for f in dataclasses.fields(block):
-            if f.metadata["kind"] in ("list", "dict"):
-                continue  # only in the file (fp8 override_linear_precision)
+            if f.metadata["kind"] in ("list", "dict") or f.name in getattr(block, "FILE_ONLY", ()):
+                continue  # only in the file (fp8 override_linear_precision; DeepSpeed's GA/clipping: top-level flags)
             add_flag(parser, block.flag_of(f.name), dest=block.dest_of(f.name), default=None,
-                     help=f"{key}: {f.metadata['help']}", **_value_kw(f.metadata, f.name.removeprefix(block.PREFIX)))
+                     help=f"{key}: {f.metadata['help']}",
+                     **_value_kw(f.metadata, f.name.removeprefix(block.PREFIX), getattr(block, "VALUED_BOOLS", False)))
+
+
+def _bool_arg(text: str) -> bool:
+    from .config_args import _parse_bool
+    try:
+        return _parse_bool(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: true or false") from None
 
 
 def apply_flags(cfg: ClusterConfig, args: Any) -> ClusterConfig:

@@ -68,6 +68,7 @@ def resolve_config(args: argparse.Namespace) -> ClusterConfig:
         cfg = ClusterConfig()
         if args.num_processes is None and not args.use_cpu:
             cfg = ClusterConfig(num_processes=max(1, _cuda_count()))
+    file_ds_fields = list(cfg.deepspeed_config)  # HF's ACCELERATE_CONFIG_DS_FIELDS: the file's keys, not flags
     cfg = apply_flags(cfg, args)
     if not cfg.use_cpu and _cuda_count() == 0:
         if cfg.distributed_type == "MULTI_GPU":
@@ -75,11 +76,13 @@ def resolve_config(args: argparse.Namespace) -> ClusterConfig:
                   "CPU process(es) instead")
             cfg = dataclasses.replace(cfg, distributed_type="MULTI_CPU" if cfg.num_processes > 1 else "NO")
         cfg = dataclasses.replace(cfg, use_cpu=True)  # no GPU: the ranks are CPU ranks (ACCELERATE_USE_CPU=true)
+    cfg.ds_file_fields = file_ds_fields
     if cfg.log_dir and os.path.isfile(cfg.log_dir):
         raise ConfigError(f"config key `log_dir`: {cfg.log_dir!r} is a file; allowed: a directory (created if missing)")
-    if cfg.gradient_clipping is not None:
-        _warn(f"gradient_clipping={cfg.gradient_clipping} is passed to the ranks (ACCELERATE_GRADIENT_CLIPPING) but "
-              "has no effect yet: HF applies it with DeepSpeed only, which accelerate_c does not run yet")
+    if cfg.gradient_clipping is not None and cfg.distributed_type != "DEEPSPEED":
+        _warn(f"gradient_clipping={cfg.gradient_clipping} is passed to the ranks (ACCELERATE_GRADIENT_CLIPPING) but, "
+              "as in HF, only DeepSpeed applies it (distributed_type DEEPSPEED / --use_deepspeed); otherwise call "
+              "accelerator.clip_grad_norm_ in the script")
     return cfg
 
 

@@ -4,11 +4,13 @@
 # which the launcher sets from YAML and flags), then ACCELERATE_C_* variables (transport, fused optimizer).
 # Both faces map onto the same fields: ZeRO stage 0/1/2/3 == NO_SHARD / (optimizer only) / SHARD_GRAD_OP /
 # FULL_SHARD; HYBRID_SHARD(_ZERO2) is `hybrid`.
-# Not for: the plugin classes (utils/dataclasses.py) or DeepSpeed JSON parsing (sharding/deepspeed_json.py).
+# Not for: the plugin classes (utils/sharding_plugins.py, utils/deepspeed_plugin.py) or DeepSpeed JSON parsing
+# (sharding/deepspeed_json.py).
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
@@ -26,7 +28,7 @@ class ShardedConfig(DDPConfig):
     stage: int = 3                            # 0 NO_SHARD, 1 optimizer state, 2 + gradients, 3 + parameters
     hybrid: bool = False                      # HYBRID_SHARD: shard within a host, replicate across hosts
     reshard_after_forward: bool = True        # stage 3: free a unit's gathered parameters after its forward
-    auto_wrap_policy: str = "no_wrap"         # "transformer_based_wrap" | "size_based_wrap" | "no_wrap"
+    auto_wrap_policy: str = "no_wrap"         # "transformer_based_wrap" | "size_based_wrap" | "no_wrap" | "callable"
     transformer_layer_cls: tuple[str, ...] = ()  # class names that start a unit (transformer_based_wrap)
     min_num_params: int = 100_000_000         # size_based_wrap threshold
     ignored_modules: tuple[Any, ...] = ()     # modules (or one regex string) kept out of every unit
@@ -42,6 +44,17 @@ class ShardedConfig(DDPConfig):
     gradient_clipping: Optional[float] = None  # DeepSpeed's gradient_clipping (applied in the step)
     gradient_accumulation_steps: Optional[int] = None  # DeepSpeed's value, checked against the Accelerator's
     deepspeed_config: Mapping[str, Any] = field(default_factory=dict)  # the resolved JSON ("auto" filled at prepare)
+    auto_wrap_callable: Optional[Callable[..., Any]] = None  # auto_wrap_policy "callable": the user's policy function
+    activation_checkpointing_offload: bool = False  # FSDP2: checkpointed inputs kept in CPU memory (CPU runs: as is)
+    grad_scaler_kwargs: Mapping[str, Any] = field(default_factory=dict)  # DeepSpeed fp16 block -> GradScaler kwargs
+    save_16bit_model: bool = False            # DeepSpeed stage3_gather_16bit_weights_on_model_save (save_model)
+
+    def with_resolved_deepspeed(self) -> "ShardedConfig":
+        """This config with the DeepSpeed fields re-read from `deepspeed_config` after prepare filled its "auto"
+        values (gradient_clipping "auto" -> 1.0, GA, reduce_bucket_size, ...); unchanged for the FSDP face."""
+        if self.face != "deepspeed":
+            return self
+        return dataclasses.replace(self, **_fields_from_deepspeed_json(self.deepspeed_config))
 
     @classmethod
     def _fields(cls, handlers: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
@@ -56,25 +69,101 @@ class ShardedConfig(DDPConfig):
 
 
 def fields_from_fsdp_plugin(plugin: Any) -> dict[str, Any]:
-    """ShardedConfig fields from a FullyShardedDataParallelPlugin (minimal: the faces work completes this)."""
-    strategy = getattr(plugin, "sharding_strategy", None)
-    name = getattr(strategy, "name", strategy)
+    """ShardedConfig fields from a FullyShardedDataParallelPlugin (utils/sharding_plugins.py, FSDP2 semantics after
+    its __post_init__; duck-typed, so HF's own plugin object maps too)."""
+    from ..utils.sharding_plugins import RESHARD_OF_STRATEGY, strategy_name
     fields: dict[str, Any] = {"face": "fsdp"}
-    if isinstance(name, str) and name.upper() in FSDP_STAGES:
-        fields["stage"] = FSDP_STAGES[name.upper()]
-        fields["hybrid"] = name.upper().startswith("HYBRID")
+    strategy = getattr(plugin, "sharding_strategy", None)
     rs = getattr(plugin, "reshard_after_forward", None)
-    if isinstance(rs, bool):
-        fields["reshard_after_forward"] = rs
+    if strategy is not None:
+        name = strategy_name(strategy) if hasattr(strategy, "value") else str(strategy).upper()
+        if name not in FSDP_STAGES:
+            raise ValueError(f"FullyShardedDataParallelPlugin: sharding_strategy={strategy!r}; allowed: "
+                             f"{', '.join(FSDP_STAGES)}")
+        fields.update(stage=FSDP_STAGES[name], hybrid=name.startswith("HYBRID"),
+                      reshard_after_forward=RESHARD_OF_STRATEGY[name])
+    elif isinstance(rs, bool):  # FSDP2: True = FULL_SHARD (ZeRO-3), False = SHARD_GRAD_OP (ZeRO-2), as `to-fsdp2`
+        fields.update(stage=3 if rs else 2, reshard_after_forward=rs)
+    fields.update(_wrap_fields(plugin))
+    ignored = getattr(plugin, "ignored_modules", None)
+    if ignored is not None:
+        fields["ignored_modules"] = (ignored,) if isinstance(ignored, str) else tuple(ignored)
+    policy = getattr(plugin, "mixed_precision_policy", None)
+    if policy is not None:
+        fields.update(param_dtype=getattr(policy, "param_dtype", None),
+                      reduce_dtype=getattr(policy, "reduce_dtype", None),
+                      buffer_dtype=getattr(policy, "buffer_dtype", None))
+    offload = getattr(plugin, "cpu_offload", None)
+    fields["cpu_offload"] = bool(getattr(offload, "offload_params", False)) or type(offload).__name__ == \
+        "CPUOffloadPolicy"
+    sdt = getattr(plugin, "state_dict_type", None)
+    if sdt is not None:
+        fields["state_dict_type"] = getattr(sdt, "name", str(sdt)).upper()
+    fields["activation_checkpointing"] = bool(getattr(plugin, "activation_checkpointing", False))
+    fields["activation_checkpointing_offload"] = bool(getattr(plugin, "activation_checkpointing_offload", False))
+    ram = bool(getattr(plugin, "cpu_ram_efficient_loading", False))
+    fields["cpu_ram_efficient_loading"] = ram
+    # FSDP2 drops sync_module_states: loading rank 0's weights with cpu_ram_efficient_loading implies the broadcast
+    fields["sync_module_states"] = bool(getattr(plugin, "sync_module_states", False)) or ram
     return fields
 
 
+def _wrap_fields(plugin: Any) -> dict[str, Any]:
+    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
+    policy = getattr(plugin, "auto_wrap_policy", None)
+    names = getattr(plugin, "transformer_cls_names_to_wrap", None)
+    if isinstance(names, str):
+        names = names.split(",")
+    if policy is None:
+        return {"auto_wrap_policy": "no_wrap"}
+    if policy is transformer_auto_wrap_policy:
+        return {"auto_wrap_policy": "transformer_based_wrap", "transformer_layer_cls": tuple(names or ())}
+    if policy is size_based_auto_wrap_policy:
+        n = int(getattr(plugin, "min_num_params", None) or 0)
+        # HF: a size-based policy with min_num_params 0 wraps nothing
+        return {"auto_wrap_policy": "size_based_wrap", "min_num_params": n} if n > 0 else {"auto_wrap_policy": "no_wrap"}
+    if isinstance(policy, str):
+        return {"auto_wrap_policy": policy.lower()}
+    return {"auto_wrap_policy": "callable", "auto_wrap_callable": policy}
+
+
 def fields_from_deepspeed_plugin(plugin: Any) -> dict[str, Any]:
-    """ShardedConfig fields from a DeepSpeedPlugin (minimal: the faces work completes this)."""
-    stage = getattr(plugin, "zero_stage", None)
-    fields: dict[str, Any] = {"face": "deepspeed", "stage": 2 if stage is None else int(stage),
-                              "reshard_after_forward": True}
-    clip = getattr(plugin, "gradient_clipping", None)
-    if clip is not None:
-        fields["gradient_clipping"] = float(clip)
+    """ShardedConfig fields from a DeepSpeedPlugin (utils/deepspeed_plugin.py) and its JSON. Values still "auto"
+    are resolved at prepare (deepspeed_json.prepare_deepspeed_objects), which updates `deepspeed_config` in place;
+    `ShardedConfig.with_resolved_deepspeed()` then re-reads the fields that depend on them."""
+    config = getattr(plugin, "deepspeed_config", None) or {}
+    zero = config.get("zero_optimization", {})
+    stage = zero.get("stage", getattr(plugin, "zero_stage", 2))
+    fields: dict[str, Any] = {"face": "deepspeed", "stage": int(stage), "reshard_after_forward": True,
+                              "deepspeed_config": config, "zero3_init": bool(getattr(plugin, "zero3_init_flag", False)),
+                              "cpu_offload": any(zero.get(k, {}).get("device") in ("cpu", "nvme")
+                                                 for k in ("offload_optimizer", "offload_param")),
+                              "state_dict_type": "SHARDED_STATE_DICT"}
+    fields.update(_fields_from_deepspeed_json(config))
+    return fields
+
+
+def _fields_from_deepspeed_json(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields that "auto" values may still hide until prepare (see ShardedConfig.with_resolved_deepspeed)."""
+    zero = config.get("zero_optimization", {})
+    fields: dict[str, Any] = {"save_16bit_model": zero.get("stage3_gather_16bit_weights_on_model_save") is True}
+    clip = config.get("gradient_clipping")  # absent: DeepSpeed does not clip (the plugin's own value filled "auto")
+    if isinstance(clip, (int, float)) and not isinstance(clip, bool):
+        fields["gradient_clipping"] = float(clip) if clip > 0 else None  # DeepSpeed: 0 = no clipping
+    ga = config.get("gradient_accumulation_steps")
+    if isinstance(ga, int) and not isinstance(ga, bool):
+        fields["gradient_accumulation_steps"] = ga
+    bucket = zero.get("reduce_bucket_size")
+    if isinstance(bucket, (int, float)) and not isinstance(bucket, bool):
+        fields["bucket_cap_mb"] = float(bucket) * 4 / 2**20  # DeepSpeed counts elements (fp32: 4 bytes each)
+    scaler = {}
+    fp16 = config.get("fp16", {})
+    if fp16.get("loss_scale", 0) not in (0, None):
+        scaler = {"init_scale": float(fp16["loss_scale"]), "growth_factor": 1.0, "backoff_factor": 1.0}
+    else:
+        if "initial_scale_power" in fp16:
+            scaler["init_scale"] = 2.0 ** int(fp16["initial_scale_power"])
+        if "loss_scale_window" in fp16:
+            scaler["growth_interval"] = int(fp16["loss_scale_window"])
+    fields["grad_scaler_kwargs"] = scaler
     return fields

@@ -115,6 +115,13 @@ class Strategy:
         return self.state.distributed_type
 
     # -- preparation -----------------------------------------------------------------------------------
+    def prepare_objects(self, objects: list, accelerator: Any) -> list:
+        """Called by Accelerator.prepare with all the objects of one call before any is prepared; returns the list
+        to prepare (same length and order), e.g. with placeholders replaced by real objects (DeepSpeed's DummyOptim /
+        DummyScheduler: sharding/deepspeed_json.prepare_deepspeed_objects). `accelerator` is the calling
+        Accelerator (run settings such as gradient_accumulation_steps may be updated). Default: unchanged."""
+        return objects
+
     def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
         if device_placement:
             model = model.to(self.state.device)

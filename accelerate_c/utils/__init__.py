@@ -25,6 +25,9 @@ _LAZY = {
     "other": ("compile_regions", "extract_model_from_parallel", "has_compiled_regions", "has_repeated_blocks",
               "is_compiled_module", "is_repeated_blocks", "load", "save"),
     "accelerate_c.commands.config": ("write_basic_config",),
+    "sharding_plugins": ("FullyShardedDataParallelPlugin",),
+    "deepspeed_plugin": ("DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "get_active_deepspeed_plugin"),
+    "accelerate_c.sharding.deepspeed_json": ("HfDeepSpeedConfig",),
 }
 _LAZY_NAMES = {name: mod for mod, names in _LAZY.items() for name in names}
 
