@@ -53,6 +53,21 @@ def clean_state():
         reset_state(m)
 
 
+_PLUGIN_VARS = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "FSDP_", "ACCELERATE_DEEPSPEED_")
+
+
+@pytest.fixture(autouse=True)
+def _restore_plugin_env():
+    """An Accelerator given a sharding plugin sets ACCELERATE_USE_FSDP / _DEEPSPEED (as HF does): put the
+    environment back after each test, so a later in-process Accelerator() is not silently sharded."""
+    before = {k: v for k, v in os.environ.items() if k.startswith(_PLUGIN_VARS)}
+    yield
+    for k in [k for k in os.environ if k.startswith(_PLUGIN_VARS)]:
+        if k not in before:
+            del os.environ[k]
+    os.environ.update(before)
+
+
 def clean_env(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "LOCAL_RANK", "WORLD_SIZE",
                                                                     "MASTER_", "LOCAL_WORLD_SIZE"))}
