@@ -38,6 +38,7 @@ from . import atomic
 from . import universal
 from .format import CheckpointError, check_format, read_json, read_state, write_json, write_state
 from .pieces import PieceReader, rank_file, read_rank_meta, write_rank_file
+from .universal import strategy_of, user_model as _user_model
 
 logger = logging.getLogger(__name__)
 
@@ -91,22 +92,6 @@ def read_checkpoint_info(checkpoint_dir: str) -> dict:
                               f"universal checkpoints); this accelerate_c reads version {CHECKPOINT_VERSION}. Load it "
                               "with the accelerate_c that wrote it and save_state again to convert it.")
     return check_format(path, doc, CHECKPOINT_FORMAT, CHECKPOINT_VERSION, "checkpoint index")
-
-
-def strategy_of(accelerator: Any) -> Any:
-    """The accelerator's strategy (the owner of model_slices / optimizer_layout); an object without one (HF's
-    Accelerator, a test double) gets the unsharded default layout for its rank and world size."""
-    strategy = getattr(accelerator, "strategy", None)
-    if strategy is not None and hasattr(strategy, "model_slices"):
-        return strategy
-    from types import SimpleNamespace
-    from ..strategies.base import Strategy, StrategyContext
-    return Strategy(StrategyContext(SimpleNamespace(num_processes=int(accelerator.num_processes),
-                                                    process_index=int(accelerator.process_index))))
-
-
-def _user_model(model: Any) -> Any:
-    return getattr(model, "_orig_mod", model)  # a compiled model: the module itself (its keys carry no prefix)
 
 
 def _model_of(accelerator: Any, optimizer: Any) -> Any:

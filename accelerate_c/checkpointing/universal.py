@@ -29,6 +29,26 @@ OPTIMIZER_INDEX = "accelerate_c.optimizer_index"
 INDEX_VERSION = 1
 
 
+def strategy_of(accelerator: Any) -> Any:
+    """The accelerator's strategy (the owner of model_slices / optimizer_layout); an object without one (HF's
+    Accelerator, a test double) gets the unsharded default layout for its rank and world size."""
+    strategy = getattr(accelerator, "strategy", None)
+    if strategy is not None and hasattr(strategy, "model_slices"):
+        return strategy
+    from types import SimpleNamespace
+    from ..strategies.base import Strategy, StrategyContext
+    return Strategy(StrategyContext(SimpleNamespace(num_processes=int(accelerator.num_processes),
+                                                    process_index=int(accelerator.process_index))))
+
+
+def user_model(model: Any) -> Any:
+    return getattr(model, "_orig_mod", model)  # a compiled model: the module itself (its keys carry no prefix)
+
+
+def is_whole(slices: list[TensorSlice]) -> bool:
+    return all(s.start == 0 and s.numel == numel_of(s.shape) for s in slices)
+
+
 def _alias_key(s: TensorSlice) -> Optional[tuple]:
     d = s.data
     if d.numel() == 0 or d.device.type == "meta":
@@ -75,8 +95,7 @@ def model_index(directory: str, files: list[str], metas: list[dict]) -> dict:
 def load_model(reader: PieceReader, index: dict, target: torch.nn.Module, slices: list[TensorSlice],
                **load_kwargs: Any) -> None:
     aliases = index.get("aliases", {})
-    whole = all(s.start == 0 and s.numel == numel_of(s.shape) for s in slices)
-    if whole:
+    if is_whole(slices):
         sd = {name: reader.read_whole(name) for name in index["tensors"]}
         for name, src in aliases.items():
             sd.setdefault(name, sd[src])
@@ -114,6 +133,8 @@ def _blocks(n: int) -> int:
 def _block_range(slot: ParamSlot, key: str) -> tuple[int, int]:
     total = numel_of(slot.shape)
     end = slot.start + slot.numel
+    if slot.numel == 0:
+        return 0, 0
     if slot.start % QBLOCK or (end % QBLOCK and end != total):
         raise CheckpointError(
             f"optimizer state {slot.name!r}/{key}: this rank's slot holds elements [{slot.start}, {end}), not "
