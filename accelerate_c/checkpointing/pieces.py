@@ -205,7 +205,8 @@ class PieceReader:
                                   f"{e}") from e
 
     def read(self, name: str, start: int, numel: int) -> torch.Tensor:
-        """Elements [start, start + numel) of the logical tensor `name`, 1-D, in its stored dtype."""
+        """Elements [start, start + numel) of the logical tensor `name`, 1-D, in its stored dtype. Possibly a
+        copy-on-write view of the file's mapping (safetensors maps files): copy it into memory that lasts."""
         e = self.entry(name)
         total = numel_of(e["shape"])
         if start < 0 or start + numel > total:
@@ -238,7 +239,7 @@ class LazyTensors:
         return isinstance(key, str) and f"{self.prefix}{key}" in self.reader.file(self.fname).keys()
 
     def __getitem__(self, key: str) -> torch.Tensor:
-        return self.reader.file(self.fname).get_tensor(f"{self.prefix}{key}")
+        return self.reader.file(self.fname).get_tensor(f"{self.prefix}{key}").clone()  # not a view of the mapping
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -247,10 +247,12 @@ def load_optimizer(reader: PieceReader, index: dict, optimizer: Any, slots: list
         for name, e in by_param.get(slot.name, []):
             if e["kind"] == "blocks":
                 b0, nb = _block_range(slot, e["key"])
-                t = reader.read(name, b0, nb)
+                t = reader.read(name, b0, nb).clone()
             else:
                 check_entry(name, e, slot.shape)
-                t = reader.read(name, slot.start, slot.numel).view(slot.local_shape)
+                t = reader.read(name, slot.start, slot.numel).clone().view(slot.local_shape)
+            # clone: reads are copy-on-write views of the file's mapping; the optimizer keeps its state in memory
+            # of its own (no mapping of the checkpoint kept alive, nothing to fault in at the first step)
             st[e["key"]] = t.to(device) if device else t
         sd["state"][slot.index] = st
     optimizer.load_state_dict(sd)
