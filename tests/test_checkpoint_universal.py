@@ -291,6 +291,7 @@ from accelerate_c.checkpointing import save_model
 rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank, world_size=world)
 acc = FakeAccelerator(seed=0, rank=rank, world=world, barrier=dist.barrier)
+save_model(acc, acc.model, out + "-whole", max_shard_size=300)   # default layout: shard j written by rank j % 3
 acc.strategy = FlatShards(rank, world)
 save_model(acc, acc.model, out, max_shard_size=300)
 dist.barrier()
@@ -309,15 +310,16 @@ def test_save_model_from_sharded_ranks(tmp_path):
                 env=clean_env()) for r in range(3)]
     for r, (rc, text, _) in enumerate(finish_all(jobs, 300)):
         assert rc == 0 and f"OK {r}" in text, describe_all(jobs)
-    index = json.load(open(os.path.join(out, "model.safetensors.index.json")))
-    loaded = {}
-    for f in sorted(set(index["weight_map"].values())):
-        loaded.update(load_file(os.path.join(out, f)))
     want = FakeAccelerator(seed=0).model.state_dict()
-    assert set(loaded) == set(want) - {"head.weight"}
-    for k, v in loaded.items():
-        same(v, want[k], k)
-    assert sorted(os.listdir(out)) == sorted(set(index["weight_map"].values()) | {"model.safetensors.index.json"})
+    for d in (out, out + "-whole"):
+        index = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+        loaded = {}
+        for f in sorted(set(index["weight_map"].values())):
+            loaded.update(load_file(os.path.join(d, f)))
+        assert set(loaded) == set(want) - {"head.weight"} == set(index["weight_map"])
+        for k, v in loaded.items():
+            same(v, want[k], k)
+        assert sorted(os.listdir(d)) == sorted(set(index["weight_map"].values()) | {"model.safetensors.index.json"})
 
 
 def merge(*args):
