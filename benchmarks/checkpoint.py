@@ -158,6 +158,7 @@ def universal(args: argparse.Namespace) -> None:
     for title, t in results:
         ours, theirs = statistics.median(t["ours"]), statistics.median(t["dcp"])
         lines.append(f"| {title} | {ours * 1e3:.0f} ms | {theirs * 1e3:.0f} ms | {theirs / ours:.2f}x |")
+        print(f"rounds, {title}: ours {[round(x * 1e3) for x in t['ours']]} ms, DCP {[round(x * 1e3) for x in t['dcp']]} ms")
     print("\n".join(lines))
     if not args.quick and not args.no_record:
         append_results("checkpoint.py: universal checkpoints vs torch.distributed.checkpoint", lines)

@@ -2,7 +2,10 @@
 # safetensors file of "pieces" (contiguous element ranges of logical tensors) with a JSON description in the
 # safetensors header metadata; after a barrier every rank reads those headers (no tensor bytes) and builds the
 # same index: logical name -> shape, dtype, pieces [file, key, start, numel] covering [0, numel) exactly once.
-# Loading reads only the ranges a rank needs (safe_open + get_slice on the stored pieces).
+# Loading reads only the ranges a rank needs: the safetensors header gives each stored piece's byte offsets, and
+# a range of a row-major tensor is one contiguous byte range, read with pread straight into the destination
+# (safetensors' own safe_open maps the file: its tensors are copy-on-write views that fault page by page and
+# keep the mapping alive; one read into memory of our own is faster and leaves nothing mapped).
 # Storage of a piece: a whole tensor is stored under its logical name with its logical shape (so a one-process
 # file is a plain safetensors state dict, readable by HF's loaders); a partial piece is stored 1-D under
 # "<name>@<start>". Files are written by a streaming writer (header first, then one tensor at a time, no copy
@@ -17,7 +20,6 @@ import struct
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from .format import CheckpointError, PathLike, _dtype_from_name, _dtype_name
 
@@ -101,20 +103,87 @@ def write_rank_file(path: PathLike, pieces: list[tuple[str, int, torch.Tensor, t
                              metadata={"format": "pt", META_KEY: json.dumps(doc, separators=(",", ":"))})
 
 
-def _open(path: str) -> Any:
-    try:
-        return safe_open(path, framework="pt", device="cpu")
-    except (SafetensorError, OSError, RuntimeError, ValueError) as e:
-        raise CheckpointError(f"checkpoint file {path} is not a readable safetensors file "
-                              f"(truncated or corrupt?): {e}") from e
+_DTYPE_OF = {v: k for k, v in _ST_DTYPES.items()}
+
+
+class TensorFile:
+    """A safetensors file opened for ranged reads: its header parsed once, bytes read with pread."""
+
+    def __init__(self, path: str, expected_size: Optional[int] = None) -> None:
+        self.path = path
+        if not os.path.isfile(path):
+            raise CheckpointError(f"checkpoint file {path} is missing")
+        self.size = os.path.getsize(path)
+        if expected_size is not None and self.size != expected_size:
+            raise CheckpointError(f"checkpoint file {path} has {self.size} bytes but {expected_size} were written "
+                                  "(truncated or replaced?)")
+        self.fd = os.open(path, os.O_RDONLY)
+        try:
+            (n,) = struct.unpack("<Q", os.pread(self.fd, 8, 0))
+            if n > self.size - 8:
+                raise ValueError(f"header of {n} bytes in a file of {self.size}")
+            header = json.loads(os.pread(self.fd, n, 8))
+            self.metadata: dict = header.pop("__metadata__", None) or {}
+            self.entries: dict = header
+            self.base = 8 + n
+            if any(self.base + e["data_offsets"][1] > self.size for e in header.values()):
+                raise ValueError("tensor data beyond the end of the file")
+        except (ValueError, KeyError, TypeError, struct.error, UnicodeDecodeError) as e:
+            os.close(self.fd)
+            raise CheckpointError(f"checkpoint file {path} is not a readable safetensors file "
+                                  f"(truncated or corrupt?): {e}") from e
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def keys(self) -> list[str]:
+        return list(self.entries)
+
+    def entry(self, key: str) -> dict:
+        e = self.entries.get(key)
+        if e is None:
+            raise CheckpointError(f"checkpoint file {self.path} has no tensor {key!r}")
+        return e
+
+    def read_into(self, key: str, first: int, out: torch.Tensor) -> None:
+        """Elements [first, first + out.numel()) of stored tensor `key` (row-major) into the contiguous 1-D `out`."""
+        e = self.entry(key)
+        if _ST_DTYPES.get(out.dtype) != e["dtype"]:
+            raise CheckpointError(f"checkpoint file {self.path}: {key!r} is {e['dtype']}, expected {out.dtype}")
+        es = out.element_size()
+        lo, hi = e["data_offsets"]
+        off, nbytes = lo + first * es, out.numel() * es
+        if off + nbytes > hi:
+            raise CheckpointError(f"checkpoint file {self.path}: {key!r} has no elements "
+                                  f"[{first}, {first + out.numel()})")
+        if not nbytes:
+            return
+        view = memoryview(out.view(torch.uint8).numpy()).cast("B")
+        done = 0
+        while done < nbytes:
+            got = os.preadv(self.fd, [view[done:]], self.base + off + done)
+            if got <= 0:
+                raise CheckpointError(f"checkpoint file {self.path}: short read of {key!r} (truncated?)")
+            done += got
+
+    def tensor(self, key: str) -> torch.Tensor:
+        """A whole stored tensor, in memory of its own."""
+        e = self.entry(key)
+        dtype = _DTYPE_OF.get(e["dtype"])
+        if dtype is None:
+            raise CheckpointError(f"checkpoint file {self.path}: {key!r} has unsupported dtype {e['dtype']}")
+        out = torch.empty(numel_of(e["shape"]), dtype=dtype)
+        self.read_into(key, 0, out)
+        return out.view(e["shape"])
 
 
 def read_rank_meta(path: str) -> dict:
     """The JSON description a rank stored in its file's header (reads the header only)."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint file {path} is missing (its rank did not write it)")
-    with _open(path) as f:
-        raw = (f.metadata() or {}).get(META_KEY)
+    f = TensorFile(path)
+    f.close()
+    raw = f.metadata.get(META_KEY)
     if raw is None:
         raise CheckpointError(f"checkpoint file {path} has no accelerate_c piece description")
     return json.loads(raw)
@@ -155,24 +224,17 @@ class PieceReader:
         self.directory, self.index, self.sizes = directory, index, sizes or {}
         self._files: dict[str, Any] = {}
 
-    def file(self, fname: str) -> Any:
+    def file(self, fname: str) -> TensorFile:
         f = self._files.get(fname)
         if f is None:
-            path = os.path.join(self.directory, fname)
             if os.path.basename(fname) != fname:
                 raise CheckpointError(f"checkpoint index names an invalid file {fname!r}")
-            if not os.path.isfile(path):
-                raise CheckpointError(f"checkpoint file {path} is missing")
-            want = self.sizes.get(fname)
-            if want is not None and os.path.getsize(path) != want:
-                raise CheckpointError(f"checkpoint file {path} has {os.path.getsize(path)} bytes but {want} were "
-                                      "written (truncated or replaced?)")
-            f = self._files[fname] = _open(path).__enter__()
+            f = self._files[fname] = TensorFile(os.path.join(self.directory, fname), self.sizes.get(fname))
         return f
 
     def close(self) -> None:
         for f in self._files.values():
-            f.__exit__(None, None, None)
+            f.close()
         self._files.clear()
 
     def __enter__(self) -> "PieceReader":
@@ -187,41 +249,28 @@ class PieceReader:
             raise CheckpointError(f"tensor {name!r} is not in the checkpoint")
         return e
 
-    def _piece_range(self, fname: str, key: str, a: int, b: int) -> torch.Tensor:
-        """Elements [a, b) of a stored piece (row-major), reading whole rows of an N-d stored tensor."""
-        f = self.file(fname)
-        try:
-            sl = f.get_slice(key)
-            shape = sl.get_shape()
-            if a == 0 and b == numel_of(shape):
-                return f.get_tensor(key).reshape(-1)
-            if len(shape) == 1:
-                return sl[a:b]
-            row = numel_of(shape[1:])
-            r0, r1 = a // row, -(-b // row)
-            return sl[r0:r1].reshape(-1)[a - r0 * row: b - r0 * row]
-        except SafetensorError as e:
-            raise CheckpointError(f"checkpoint file {os.path.join(self.directory, fname)}: cannot read {key!r}: "
-                                  f"{e}") from e
-
-    def read(self, name: str, start: int, numel: int) -> torch.Tensor:
-        """Elements [start, start + numel) of the logical tensor `name`, 1-D, in its stored dtype. Possibly a
-        copy-on-write view of the file's mapping (safetensors maps files): copy it into memory that lasts."""
+    def read_into(self, name: str, start: int, out: torch.Tensor) -> None:
+        """Elements [start, start + out.numel()) of the logical tensor `name` into `out` (1-D): read straight
+        into it when it is a contiguous CPU tensor of the stored dtype, else through a temporary (cast, device)."""
         e = self.entry(name)
-        total = numel_of(e["shape"])
-        if start < 0 or start + numel > total:
-            raise CheckpointError(f"tensor {name!r}: elements [{start}, {start + numel}) requested, it has {total}")
-        end = start + numel
-        parts = []
+        total, end = numel_of(e["shape"]), start + out.numel()
+        if start < 0 or end > total:
+            raise CheckpointError(f"tensor {name!r}: elements [{start}, {end}) requested, it has {total}")
+        dtype = _dtype_from_name(e["dtype"])
+        direct = out.is_contiguous() and out.dtype == dtype and out.device.type == "cpu"
+        dst = out if direct else torch.empty(out.numel(), dtype=dtype)
         for fname, key, p0, pn in e["pieces"]:
             lo, hi = max(start, p0), min(end, p0 + pn)
             if lo < hi:
-                parts.append(self._piece_range(fname, key, lo - p0, hi - p0))
-        if len(parts) == 1:
-            return parts[0]
-        if not parts:
-            return torch.empty(0, dtype=_dtype_from_name(e["dtype"]))
-        return torch.cat(parts)
+                self.file(fname).read_into(key, lo - p0, dst[lo - start: hi - start])
+        if dst is not out:
+            out.copy_(dst)
+
+    def read(self, name: str, start: int, numel: int) -> torch.Tensor:
+        """Elements [start, start + numel) of the logical tensor `name`: a new 1-D tensor of its stored dtype."""
+        out = torch.empty(numel, dtype=_dtype_from_name(self.entry(name)["dtype"]))
+        self.read_into(name, start, out)
+        return out
 
     def read_whole(self, name: str) -> torch.Tensor:
         e = self.entry(name)
@@ -236,10 +285,10 @@ class LazyTensors:
         self.reader, self.fname, self.prefix = reader, fname, prefix
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and f"{self.prefix}{key}" in self.reader.file(self.fname).keys()
+        return isinstance(key, str) and f"{self.prefix}{key}" in self.reader.file(self.fname).entries
 
     def __getitem__(self, key: str) -> torch.Tensor:
-        return self.reader.file(self.fname).get_tensor(f"{self.prefix}{key}").clone()  # not a view of the mapping
+        return self.reader.file(self.fname).tensor(f"{self.prefix}{key}")
 
 
 def dtype_name(dtype: torch.dtype) -> str:

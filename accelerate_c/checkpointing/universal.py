@@ -114,7 +114,7 @@ def load_model(reader: PieceReader, index: dict, target: torch.nn.Module, slices
                 continue
             check_entry(s.name, index["tensors"][src], s.shape)
             if s.numel:
-                s.data.copy_(reader.read(src, s.start, s.numel))
+                reader.read_into(src, s.start, s.data)     # straight into the slice's memory
     extra = sorted(n for n in list(index["tensors"]) + list(aliases) if n not in here)
     if strict and extra:
         raise CheckpointError(f"the checkpoint holds model tensors this model lacks: {extra[:10]} "
@@ -247,12 +247,10 @@ def load_optimizer(reader: PieceReader, index: dict, optimizer: Any, slots: list
         for name, e in by_param.get(slot.name, []):
             if e["kind"] == "blocks":
                 b0, nb = _block_range(slot, e["key"])
-                t = reader.read(name, b0, nb).clone()
+                t = reader.read(name, b0, nb)
             else:
                 check_entry(name, e, slot.shape)
-                t = reader.read(name, slot.start, slot.numel).clone().view(slot.local_shape)
-            # clone: reads are copy-on-write views of the file's mapping; the optimizer keeps its state in memory
-            # of its own (no mapping of the checkpoint kept alive, nothing to fault in at the first step)
+                t = reader.read(name, slot.start, slot.numel).view(slot.local_shape)
             st[e["key"]] = t.to(device) if device else t
         sd["state"][slot.index] = st
     optimizer.load_state_dict(sd)
