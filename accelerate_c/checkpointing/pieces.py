@@ -196,10 +196,11 @@ def build_index(directory: str, files: list[str], metas: list[dict], logical: di
     found: dict[str, list] = {name: [] for name in logical}
     for fname, meta in zip(files, metas):
         for key, (name, start, numel) in meta["pieces"].items():
+            if not numel:
+                continue
             if name not in found:
                 raise CheckpointError(f"{fname}: piece {key!r} of unknown tensor {name!r}")
-            if numel:
-                found[name].append([fname, key, start, numel])
+            found[name].append([fname, key, start, numel])
     index = {}
     for name, (shape, dtype) in logical.items():
         pieces = sorted(found[name], key=lambda p: p[2])

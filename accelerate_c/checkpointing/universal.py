@@ -98,7 +98,8 @@ def load_model(reader: PieceReader, index: dict, target: torch.nn.Module, slices
     if is_whole(slices):
         sd = {name: reader.read_whole(name) for name in index["tensors"]}
         for name, src in aliases.items():
-            sd.setdefault(name, sd[src])
+            if src in sd:
+                sd.setdefault(name, sd[src])
         from .model import fill_tied
         target.load_state_dict(fill_tied(target, sd), **load_kwargs)
         return
