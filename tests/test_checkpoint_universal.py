@@ -350,3 +350,19 @@ def test_merge_weights_command(tmp_path):
     r = merge(ck1, str(tmp_path / "out4"), "--remove_checkpoint_dir")
     assert r.returncode == 0 and not os.path.exists(ck1), r.stderr
     same(load_file(str(tmp_path / "out4" / "model.safetensors"))["lin.weight"], acc.model.lin.weight.detach())
+
+
+def test_optimizer_over_tensors_of_no_prepared_model(tmp_path):
+    acc = FakeAccelerator()
+    w = torch.nn.Parameter(torch.randn(5))
+    opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+    w.grad = torch.ones(5)
+    opt.step()
+    acc._optimizers.append(OptWrap(opt))
+    ck = save_state(acc, str(tmp_path / "ck"))
+    w2 = torch.nn.Parameter(torch.zeros(5))
+    opt2 = torch.optim.SGD([w2], lr=0.5, momentum=0.9)
+    new = FakeAccelerator(seed=3)
+    new._optimizers.append(OptWrap(opt2))
+    load_state(new, ck)
+    same(opt2.state_dict(), opt.state_dict())

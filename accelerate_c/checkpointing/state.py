@@ -95,13 +95,20 @@ def read_checkpoint_info(checkpoint_dir: str) -> dict:
 
 
 def _model_of(accelerator: Any, optimizer: Any) -> Any:
-    """The prepared model whose parameters the optimizer steps (all models together when it spans several)."""
-    ids = {id(p) for g in getattr(optimizer, "optimizer", optimizer).param_groups for p in g["params"]}
+    """The prepared model whose parameters the optimizer steps; when it spans several models or steps tensors of
+    no prepared model, one module holding them all ("<model index>.<name>", "loose.<i>")."""
+    params = [p for g in getattr(optimizer, "optimizer", optimizer).param_groups for p in g["params"]]
+    ids = {id(p) for p in params}
     models = [_user_model(m) for m in accelerator._models]
     for m in models:
         if ids <= {id(p) for p in m.parameters()}:
             return m
-    return torch.nn.ModuleList(models)
+    holder = torch.nn.ModuleList(models)
+    known = {id(p) for m in models for p in m.parameters()}
+    loose = [p for p in params if id(p) not in known and isinstance(p, torch.nn.Parameter)]
+    if loose:
+        holder.loose = torch.nn.ParameterList(loose)
+    return holder
 
 
 @dataclass
