@@ -366,3 +366,15 @@ def test_optimizer_over_tensors_of_no_prepared_model(tmp_path):
     new._optimizers.append(OptWrap(opt2))
     load_state(new, ck)
     same(opt2.state_dict(), opt.state_dict())
+
+
+def test_load_into_existing_state_in_place(tmp_path):
+    ref = reference()
+    ck = save_state(ref, str(tmp_path / "ck"))
+    new = FakeAccelerator(seed=5)
+    train(new, 1)                                      # state exists: the checkpoint is read into it
+    held = {k: st["exp_avg"].data_ptr() for k, st in new.opt.state_dict()["state"].items()}
+    load_state(new, ck)
+    same(new.opt.state_dict(), ref.opt.state_dict())
+    same(dict(new.model.state_dict()), dict(ref.model.state_dict()))
+    assert all(new.opt.state_dict()["state"][k]["exp_avg"].data_ptr() == ptr for k, ptr in held.items())

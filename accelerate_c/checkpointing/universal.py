@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from .format import CheckpointError, decode, encode
+from .format import CheckpointError, _dtype_from_name, decode, encode
 from .pieces import LazyTensors, PieceReader, build_index, check_entry, dtype_name, numel_of
 from .slices import ParamSlot, TensorSlice
 
@@ -96,7 +96,18 @@ def load_model(reader: PieceReader, index: dict, target: torch.nn.Module, slices
                **load_kwargs: Any) -> None:
     aliases = index.get("aliases", {})
     if is_whole(slices):
-        sd = {name: reader.read_whole(name) for name in index["tensors"]}
+        # read straight into the module's own tensors where they match (then load_state_dict's copy is a no-op:
+        # copy_ of a tensor onto itself), into new ones otherwise (load_state_dict casts or reports the mismatch)
+        own = target.state_dict(keep_vars=True)
+        sd = {}
+        for name, e in index["tensors"].items():
+            t = own.get(name)
+            if isinstance(t, torch.Tensor) and _fits(t, e["dtype"], numel_of(e["shape"])) and \
+                    list(t.shape) == list(e["shape"]):
+                reader.read_into(name, 0, t.detach().view(-1))
+                sd[name] = t
+            else:
+                sd[name] = reader.read_whole(name)
         for name, src in aliases.items():
             if src in sd:
                 sd.setdefault(name, sd[src])
@@ -120,6 +131,12 @@ def load_model(reader: PieceReader, index: dict, target: torch.nn.Module, slices
     if strict and extra:
         raise CheckpointError(f"the checkpoint holds model tensors this model lacks: {extra[:10]} "
                               "(strict=False ignores them)")
+
+
+def _fits(t: Any, dtype: str, numel: int) -> bool:
+    """An existing tensor the checkpoint's bytes can be read into directly (no new memory, no page faults)."""
+    return (isinstance(t, torch.Tensor) and t.dtype == _dtype_from_name(dtype) and t.numel() == numel
+            and t.is_contiguous() and t.device.type == "cpu")
 
 
 # ----------------------------------------------------------------------------------------------- optimizer
@@ -240,18 +257,26 @@ def load_optimizer(reader: PieceReader, index: dict, optimizer: Any, slots: list
             ids.append(slot.index)
             i += 1
         sd["param_groups"].append({**hyper, "params": ids})
+    params = [p for g in inner.param_groups for p in g["params"]]
     for slot in slots:
         entry = index["params"].get(slot.name)
+        current = inner.state.get(params[slot.index], {})
         if entry is None:
             continue                      # no state saved for it (it never stepped)
         st = decode(entry["scalar"], LazyTensors(reader, entry["file"], SCALAR_PREFIX), where=f"optimizer {slot.name}")
         for name, e in by_param.get(slot.name, []):
             if e["kind"] == "blocks":
-                b0, nb = _block_range(slot, e["key"])
-                t = reader.read(name, b0, nb)
+                first, n = _block_range(slot, e["key"])
+                shape: tuple = (n,)
             else:
                 check_entry(name, e, slot.shape)
-                t = reader.read(name, slot.start, slot.numel).view(slot.local_shape)
+                first, n, shape = slot.start, slot.numel, slot.local_shape
+            t = current.get(e["key"])
+            if _fits(t, e["dtype"], n) and not device:   # the state this optimizer already holds: fill it in place
+                reader.read_into(name, first, t.view(-1))
+            else:
+                t = reader.read(name, first, n)
+            t = t.view(shape)
             st[e["key"]] = t.to(device) if device else t
         sd["state"][slot.index] = st
     optimizer.load_state_dict(sd)
