@@ -378,3 +378,25 @@ def test_load_into_existing_state_in_place(tmp_path):
     same(new.opt.state_dict(), ref.opt.state_dict())
     same(dict(new.model.state_dict()), dict(ref.model.state_dict()))
     assert all(new.opt.state_dict()["state"][k]["exp_avg"].data_ptr() == ptr for k, ptr in held.items())
+
+
+def test_a_rank_reads_only_its_ranges(tmp_path, monkeypatch):
+    from accelerate_c.checkpointing import pieces
+    ck = save_state(reference(), str(tmp_path / "ck"))
+    real = pieces.TensorFile.read_into
+    read = []
+
+    def counting(self, key, first, out):
+        read.append((key, out.numel() * out.element_size()))
+        return real(self, key, first, out)
+
+    monkeypatch.setattr(pieces.TensorFile, "read_into", counting)
+    for rank in range(3):
+        read.clear()
+        acc = sharded(FakeAccelerator(seed=9), rank, 3)
+        load_state(acc, ck)
+        tensors = sum(n for k, n in read if not k.startswith("~"))
+        want = sum(s.numel * s.data.element_size() for s in acc.strategy.model_slices(acc.model)
+                   if s.name != "head.weight")                          # tied: read once, as emb.weight
+        want += sum(2 * 4 * slot.numel for slot in acc.strategy.optimizer_layout(acc.opt, acc.model))
+        assert tensors == want, (rank, tensors, want)

@@ -116,9 +116,15 @@ def load_model(reader: PieceReader, index: dict, target: torch.nn.Module, slices
         return
     strict = load_kwargs.get("strict", True)
     here = set()
+    filled: set[tuple] = set()
     with torch.no_grad():
         for s in slices:
             here.add(s.name)
+            key = _alias_key(s)
+            if key is not None and key in filled:
+                continue                  # tied: this memory was filled under its first name
+            if key is not None:
+                filled.add(key)
             src = aliases.get(s.name, s.name)
             if src not in index["tensors"]:
                 if strict:
