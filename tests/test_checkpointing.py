@@ -348,7 +348,7 @@ if mode == "write":
     real = state.write_state
     def slow(d, name, obj, kind):
         out = real(d, name, obj, kind)
-        if name == "optimizer":
+        if name == "scheduler":  # after the model and optimizer pieces
             stall()
         return out
     state.write_state = slow

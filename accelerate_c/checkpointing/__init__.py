@@ -1,5 +1,6 @@
-# accelerate_c/checkpointing: save_state/load_state/save_model for single-process and data-parallel
-# runs. Format: JSON (structure, metadata) + safetensors (tensor bytes), never pickle; atomic publication.
+# accelerate_c/checkpointing: save_state/load_state (universal checkpoints: logical tensors written by every rank
+# in parallel, loadable under any strategy and world size) and save_model. Format: JSON (structure, indexes) +
+# safetensors (tensor bytes), never pickle; atomic publication. docs/checkpoints.md describes the layout.
 # The Accelerator's methods call these module functions with itself as the first argument.
 from .format import CheckpointError, FORMAT_VERSION, decode, encode, read_state, write_state
 from .model import parse_size, save_model

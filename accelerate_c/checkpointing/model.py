@@ -1,24 +1,31 @@
-# accelerate_c/checkpointing/model.py: exporting model weights (`Accelerator.save_model`), the model files inside
-# save_state checkpoints, and the safetensors clean-up `utils.other.save` (HF's `save`) uses.
+# accelerate_c/checkpointing/model.py: exporting model weights (`Accelerator.save_model`, `merge-weights`), the
+# tied-weight helpers of checkpoints, and the safetensors clean-up `utils.other.save` (HF's `save`) uses.
 #
 # HF-compatible names: `model.safetensors`, or shards `model-00001-of-0000N.safetensors` plus
 # `model.safetensors.index.json` ({"metadata": {"total_size": bytes}, "weight_map": {name: file}}).
 # Shards are filled greedily in state-dict order (a tensor larger than the limit gets a shard of its own);
 # tied tensors (same memory, shape and strides) are written once, under their first name, and refilled
-# from the module's own aliasing on load (`fill_tied`); distinct views into one flat buffer are all kept. Sizes: int bytes or "10GB"/"500MB" (decimal, like
-# huggingface_hub) or "1GiB" (binary). Not for: optimizer/RNG state (state.py, format.py).
+# from the module's own aliasing on load (`fill_tied`); distinct views into one flat buffer are all kept.
+# Streaming: the tensors come from the strategy's model_slices. When every rank holds every tensor whole, shard j
+# is written by rank j % world straight from memory; otherwise every rank first writes the pieces it owns
+# (pieces.py) into a temporary folder and each shard's writer assembles one tensor at a time from them, so no
+# rank ever holds the whole model. Sizes: int bytes or "10GB"/"500MB" (decimal, like huggingface_hub) or "1GiB"
+# (binary). Not for: optimizer/RNG state (state.py, format.py).
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import re
+import shutil
 from collections import OrderedDict
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 
-from .format import PathLike, fsync_file, read_tensors, write_tensors
+from .format import PathLike, _dtype_from_name, fsync_file
+from .pieces import numel_of, write_safetensors
 
 logger = logging.getLogger(__name__)
 
@@ -104,13 +111,12 @@ def clean_state_dict_for_safetensors(state_dict: dict) -> "OrderedDict[str, torc
     return materialize(dedupe_tied(state_dict))
 
 
-def split_into_shards(state_dict: dict, max_shard_size: int) -> list[list[str]]:
-    """Greedy, in order: start a new shard when the next tensor would overflow the current one."""
+def split_into_shards(sizes: list[tuple[str, int]], max_shard_size: int) -> list[list[str]]:
+    """Greedy, in order: start a new shard when the next tensor (name, bytes) would overflow the current one."""
     shards: list[list[str]] = []
     current: list[str] = []
     current_size = 0
-    for name, t in state_dict.items():
-        size = t.numel() * t.element_size()
+    for name, size in sizes:
         if size > max_shard_size:
             shards.append([name])
             continue
@@ -122,11 +128,6 @@ def split_into_shards(state_dict: dict, max_shard_size: int) -> list[list[str]]:
     if current or not shards:
         shards.append(current)
     return shards
-
-
-def write_model_file(path: PathLike, state_dict: dict) -> int:
-    """One safetensors file for a (cleaned or raw) model state dict; returns its size."""
-    return write_tensors(path, clean_state_dict_for_safetensors(state_dict), metadata={"format": "pt"})
 
 
 def fill_tied(module: torch.nn.Module, state_dict: dict) -> dict:
@@ -143,10 +144,6 @@ def fill_tied(module: torch.nn.Module, state_dict: dict) -> dict:
                 if n not in state_dict:
                     state_dict[n] = state_dict[present[0]]
     return state_dict
-
-
-def load_model_file(path: PathLike, device: str = "cpu", expected_size: Optional[int] = None) -> dict:
-    return read_tensors(path, device=device, expected_size=expected_size)
 
 
 def _is_writer(accelerator: Any) -> bool:
@@ -168,10 +165,66 @@ def _replace_file(write, final: str) -> None:
             os.remove(tmp)
 
 
+def write_hf_model(save_directory: str, specs: list[tuple[str, tuple[int, ...], torch.dtype]],
+                   get: Callable[[str], torch.Tensor], max_shard_size: int, safe_serialization: bool = True,
+                   writes: Callable[[int], bool] = lambda j: True,
+                   finish: bool = True) -> tuple[list[str], list[list[str]], dict[str, int]]:
+    """Writes the logical tensors `specs` (name, shape, dtype; state-dict order) as HF-named shards, each tensor
+    produced by `get(name)` when its shard is written; shard j only where `writes(j)`. With `finish`, also the
+    index (or its removal when one file suffices) and the removal of stale shards. Returns (shard file names,
+    tensor names per shard, bytes per tensor): what finish_hf_model needs."""
+    sizes = [(n, numel_of(shape) * torch.empty((), dtype=dt).element_size()) for n, shape, dt in specs]
+    shards = split_into_shards(sizes, max_shard_size)
+    n = len(shards)
+    stem, ext = ("model", "safetensors") if safe_serialization else ("pytorch_model", "bin")
+    names = [f"{stem}.{ext}"] if n == 1 else [f"{stem}-{i + 1:05d}-of-{n:05d}.{ext}" for i in range(n)]
+    by_name = {s[0]: s for s in specs}
+    for j, (fname, keys) in enumerate(zip(names, shards)):
+        if not writes(j):
+            continue
+        os.makedirs(save_directory, exist_ok=True)
+        path = os.path.join(save_directory, fname)
+        if safe_serialization:
+            part = [by_name[k] for k in keys]
+            _replace_file(lambda p, part=part: write_safetensors(
+                p, part, lambda i, part=part: get(part[i][0]).reshape(part[i][1]), metadata={"format": "pt"}), path)
+        else:
+            shard = materialize(OrderedDict((k, get(k).reshape(by_name[k][1])) for k in keys))
+            _replace_file(lambda p, s=shard: torch.save(s, p), path)
+    if finish:
+        finish_hf_model(save_directory, names, shards, dict(sizes), safe_serialization)
+    return names, shards, dict(sizes)
+
+
+def finish_hf_model(save_directory: str, names: list[str], shards: list[list[str]], sizes: dict[str, int],
+                    safe_serialization: bool) -> None:
+    """The index of a sharded export (none for one file) and the removal of stale shards of an earlier layout."""
+    stem = "model" if safe_serialization else "pytorch_model"
+    os.makedirs(save_directory, exist_ok=True)
+    for fname in os.listdir(save_directory):
+        if _SHARD_RE.match(fname) and fname.startswith(stem + "-") and fname not in names:
+            os.remove(os.path.join(save_directory, fname))
+    index_path = os.path.join(save_directory, SAFE_WEIGHTS_INDEX_NAME if safe_serialization else WEIGHTS_INDEX_NAME)
+    if len(names) > 1:
+        weight_map = {k: fname for fname, keys in zip(names, shards) for k in keys}
+        total = sum(sizes.values())
+        text = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True)
+
+        def write_index(p: str) -> None:
+            with open(p, "w", encoding="utf-8") as fh:
+                fh.write(text + "\n")
+        _replace_file(write_index, index_path)
+        logger.info("Model split into %d shards; index at %s", len(names), index_path)
+    elif os.path.exists(index_path):
+        os.remove(index_path)   # an index left by an earlier sharded save would point at deleted shards
+
+
 def save_model(accelerator: Any, model: torch.nn.Module, save_directory: PathLike,
                max_shard_size: Union[int, str] = "10GB", safe_serialization: bool = True) -> None:
-    """`Accelerator.save_model`: full state dict (via accelerator.get_state_dict, called on every rank since
-    sharded strategies gather there), written by the main process as HF-named shards plus an index."""
+    """`Accelerator.save_model`, called on every rank: HF-named shards plus an index, streamed from the strategy's
+    model_slices (see the header: no gather of the whole model to one rank)."""
+    from .pieces import PieceReader, rank_file, read_rank_meta, write_rank_file
+    from .universal import is_whole, model_index, model_rank_part, strategy_of, user_model
     save_directory = os.fspath(save_directory)
     if os.path.isfile(save_directory):
         logger.error("Provided path (%s) should be a directory, not a file", save_directory)
@@ -179,38 +232,36 @@ def save_model(accelerator: Any, model: torch.nn.Module, save_directory: PathLik
     limit = parse_size(max_shard_size)
     if any(p.device.type == "meta" for p in model.parameters()):
         raise RuntimeError("You can't save the model since some parameters are on the meta device.")
-    state_dict = accelerator.get_state_dict(model)
-    if state_dict is None or not _is_writer(accelerator):
+    slices = strategy_of(accelerator).model_slices(user_model(model))
+    rank, world = int(accelerator.process_index), int(accelerator.num_processes)
+    main = _is_writer(accelerator)
+    if is_whole(slices):
+        pieces, _, meta = model_rank_part([dataclasses.replace(s, owner=True) for s in slices])
+        specs = [(name, tuple(shape), data.dtype) for name, _, data, shape in pieces]
+        local = {name: data for name, _, data, _ in pieces}
+        layout = write_hf_model(save_directory, specs, local.__getitem__, limit, safe_serialization,
+                                writes=lambda j: j % world == rank, finish=False)
+        accelerator.wait_for_everyone()
+        if main:
+            finish_hf_model(save_directory, *layout, safe_serialization)
+        accelerator.wait_for_everyone()
         return
-    os.makedirs(save_directory, exist_ok=True)
-    clean = dedupe_tied(state_dict)
-    shards = split_into_shards(clean, limit)
-    n = len(shards)
-    stem, ext = ("model", "safetensors") if safe_serialization else ("pytorch_model", "bin")
-    names = [f"{stem}.{ext}"] if n == 1 else [f"{stem}-{i + 1:05d}-of-{n:05d}.{ext}" for i in range(n)]
-    for fname in os.listdir(save_directory):   # stale shards of an earlier save with another layout
-        if _SHARD_RE.match(fname) and fname.startswith(stem + "-") and fname not in names:
-            os.remove(os.path.join(save_directory, fname))
-    weight_map: dict[str, str] = {}
-    total = 0
-    for fname, keys in zip(names, shards):
-        shard = materialize(OrderedDict((k, clean[k]) for k in keys))   # one shard's copies at a time
-        total += sum(t.numel() * t.element_size() for t in shard.values())
-        weight_map.update({k: fname for k in keys})
-        if safe_serialization:
-            _replace_file(lambda p, s=shard: write_tensors(p, s, metadata={"format": "pt"}),
-                          os.path.join(save_directory, fname))
-        else:
-            _replace_file(lambda p, s=shard: torch.save(s, p), os.path.join(save_directory, fname))
-    index_path = os.path.join(save_directory, SAFE_WEIGHTS_INDEX_NAME if safe_serialization else WEIGHTS_INDEX_NAME)
-    if n > 1:
-        text = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True)
-
-        def write_index(p: str) -> None:
-            with open(p, "w", encoding="utf-8") as fh:
-                fh.write(text + "\n")
-        _replace_file(write_index, index_path)
-        logger.info("Model split into %d shards; index at %s", n, index_path)
-    elif os.path.exists(index_path):
-        os.remove(index_path)   # an index left by an earlier sharded save would point at deleted shards
-
+    tmp = os.path.join(save_directory, ".accelerate_c-pieces")
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    accelerator.wait_for_everyone()
+    pieces, extra, meta = model_rank_part(slices)
+    write_rank_file(os.path.join(tmp, rank_file("model", rank, world)), pieces, extra, meta)
+    accelerator.wait_for_everyone()
+    files = [rank_file("model", r, world) for r in range(world)]
+    index = model_index(tmp, files, [read_rank_meta(os.path.join(tmp, f)) for f in files])
+    specs = [(n, tuple(e["shape"]), _dtype_from_name(e["dtype"])) for n, e in index["tensors"].items()]
+    with PieceReader(tmp, index["tensors"]) as reader:
+        layout = write_hf_model(save_directory, specs, reader.read_whole, limit, safe_serialization,
+                                writes=lambda j: j % world == rank, finish=False)
+    accelerator.wait_for_everyone()
+    if main:
+        finish_hf_model(save_directory, *layout, safe_serialization)
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()

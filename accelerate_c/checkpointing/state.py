@@ -1,20 +1,25 @@
-# accelerate_c/checkpointing/state.py: `Accelerator.save_state` / `load_state` for single-process and
-# data-parallel runs (every tensor is logical/unsharded here).
+# accelerate_c/checkpointing/state.py: `Accelerator.save_state` / `load_state` under any strategy and world size
+# (universal checkpoints: logical tensors, loadable by any other strategy/world size).
 #
 # Layout of one checkpoint directory (JSON + safetensors, never pickle):
-#   checkpoint.json                      index: format/version, world size, step, file sizes; written last
-#                                        by the main process, so its presence marks a complete checkpoint
-#   model.safetensors, model_1...        models (HF names; tied weights stored once)
-#   optimizer.json/.safetensors, optimizer_1...   scheduler[_i].json, scaler.json, custom_checkpoint_{i}.json
+#   checkpoint.json                      format/version, world size, step, file sizes; written last by the main
+#                                        process, so its presence marks a complete checkpoint
+#   model.json, model_1.json...          per model: index of logical tensors -> pieces (universal.py)
+#   model[-rankR-of-W].safetensors       per model and rank: the pieces that rank owns (pieces.py); one process:
+#                                        model.safetensors, a plain state-dict file (tied weights stored once)
+#   optimizer.json, optimizer[-rankR-of-W].safetensors ...   the same for optimizers (groups by parameter name)
+#   scheduler[_i].json, scaler.json, custom_checkpoint_{i}.json   written by the main process
 #   random_states_{rank}.json/.safetensors        per rank: python/numpy/torch(/cuda) RNG and the step
 #   dataloader_states_{rank}.json/.safetensors    per rank: state_dict() of every prepared dataloader
 # Coordination (only is_main_process, process_index, num_processes, wait_for_everyone() are used):
-#   main creates the temp dir -> barrier -> every rank writes its files -> barrier -> main writes
-#   checkpoint.json and commits (atomic.py) -> barrier.
-# Different world size at load: model/optimizer/scheduler/scaler/custom state is logical and loads fully;
+#   main creates the temp dir -> barrier -> every rank writes its files in parallel -> barrier -> every rank
+#   reads the pieces' headers and builds the same indexes (so a bad layout fails on every rank alike) -> main
+#   writes the indexes and checkpoint.json and commits (atomic.py) -> barrier.
+# Different world size or strategy at load: model and optimizer are read range by range into this rank's slices
+# (the strategy's model_slices / optimizer_layout); scheduler/scaler/custom state load fully;
 # rank r restores random_states_r when it exists, else keeps its current RNG (a warning names the rank);
 # stateful dataloaders get rank r's state, or rank 0's when rank r has none (the loader must re-map it).
-# Not for: sharded (ZeRO/FSDP) state, which will add per-rank tensor files behind the same index.
+# Not for: the piece files (pieces.py), the meaning of the pieces (universal.py).
 from __future__ import annotations
 
 import inspect
@@ -30,14 +35,16 @@ import numpy as np
 import torch
 
 from . import atomic
+from . import universal
 from .format import CheckpointError, check_format, read_json, read_state, write_json, write_state
-from .model import fill_tied, load_model_file, write_model_file
+from .pieces import PieceReader, rank_file, read_rank_meta, write_rank_file
+from .universal import strategy_of, user_model as _user_model
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.json"
 CHECKPOINT_FORMAT = "accelerate_c.checkpoint"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2   # 1: one model.safetensors/optimizer state file written by the main process
 _AUTO_RE = re.compile(r"^checkpoint_(\d+)$")
 _CUSTOM_RE = re.compile(r"^custom_checkpoint_(\d+)\.json$")
 
@@ -79,7 +86,29 @@ def read_checkpoint_info(checkpoint_dir: str) -> dict:
         hint = (f" It holds {pickled}: an HF Accelerate (pickle) checkpoint, which accelerate_c does not "
                 "unpickle." if pickled else " (not a checkpoint, or its save did not finish)")
         raise CheckpointError(f"checkpoint file {path} is missing.{hint}")
-    return check_format(path, read_json(path), CHECKPOINT_FORMAT, CHECKPOINT_VERSION, "checkpoint index")
+    doc = read_json(path)
+    if isinstance(doc, dict) and doc.get("format") == CHECKPOINT_FORMAT and doc.get("version") == 1:
+        raise CheckpointError(f"checkpoint file {path} has format version 1 (written by an accelerate_c before "
+                              f"universal checkpoints); this accelerate_c reads version {CHECKPOINT_VERSION}. Load it "
+                              "with the accelerate_c that wrote it and save_state again to convert it.")
+    return check_format(path, doc, CHECKPOINT_FORMAT, CHECKPOINT_VERSION, "checkpoint index")
+
+
+def _model_of(accelerator: Any, optimizer: Any) -> Any:
+    """The prepared model whose parameters the optimizer steps; when it spans several models or steps tensors of
+    no prepared model, one module holding them all ("<model index>.<name>", "loose.<i>")."""
+    params = [p for g in getattr(optimizer, "optimizer", optimizer).param_groups for p in g["params"]]
+    ids = {id(p) for p in params}
+    models = [_user_model(m) for m in accelerator._models]
+    for m in models:
+        if ids <= {id(p) for p in m.parameters()}:
+            return m
+    holder = torch.nn.ModuleList(models)
+    known = {id(p) for m in models for p in m.parameters()}
+    loose = [p for p in params if id(p) not in known and isinstance(p, torch.nn.Parameter)]
+    if loose:
+        holder.loose = torch.nn.ParameterList(loose)
+    return holder
 
 
 @dataclass
@@ -161,15 +190,25 @@ def save_state(accelerator: Any, output_dir: Optional[str] = None, safe_serializ
         atomic.prepare_temp_dir(output_dir, CHECKPOINT_FILE)
     accelerator.wait_for_everyone()
 
-    # Every rank builds the states (a sharded strategy may gather inside these calls); main writes them.
-    weights = [accelerator.get_state_dict(m) for m in accelerator._models]
-    for hook in accelerator._save_model_state_pre_hook.values():
-        hook(list(accelerator._models), weights, tmp)
-    opt_states = [opt.state_dict() for opt in accelerator._optimizers]
+    # Every rank writes the model/optimizer pieces it owns (no gather), its RNG and its data position.
+    if accelerator._save_model_state_pre_hook:
+        weights = [accelerator.get_state_dict(m) for m in accelerator._models]
+        for hook in accelerator._save_model_state_pre_hook.values():
+            hook(list(accelerator._models), weights, tmp)
+    strategy = strategy_of(accelerator)
+    rank, world = int(accelerator.process_index), int(accelerator.num_processes)
+    model_names = [_nth("model", i) for i in range(len(accelerator._models))]
+    opt_names = [_nth("optimizer", i) for i in range(len(accelerator._optimizers))]
+    for name, m in zip(model_names, accelerator._models):
+        pieces, extra, pmeta = universal.model_rank_part(strategy.model_slices(_user_model(m)))
+        write_rank_file(os.path.join(tmp, rank_file(name, rank, world)), pieces, extra, pmeta)
+    for name, opt in zip(opt_names, accelerator._optimizers):
+        slots = strategy.optimizer_layout(opt, _model_of(accelerator, opt))
+        pieces, extra, pmeta = universal.optimizer_rank_part(opt.state_dict(), slots)
+        write_rank_file(os.path.join(tmp, rank_file(name, rank, world)), pieces, extra, pmeta)
     sched_states = [s.state_dict() for s in accelerator._schedulers]
     custom_states = [obj.state_dict() for obj in accelerator._custom_objects]
     scaler = getattr(accelerator, "scaler", None)
-    rank = accelerator.process_index
     rng = _rng_state()
     rng["step"] = int(accelerator.step)
     dl_states = [_state_dict_or_none(dl) for dl in accelerator._dataloaders]
@@ -177,10 +216,6 @@ def save_state(accelerator: Any, output_dir: Optional[str] = None, safe_serializ
     write_state(tmp, f"dataloader_states_{rank}", dl_states, kind="dataloaders")
     meta: dict[str, Any] = {}
     if coord:
-        for i, sd in enumerate(weights):
-            write_model_file(os.path.join(tmp, f"{_nth('model', i)}.safetensors"), sd)
-        for i, st in enumerate(opt_states):
-            write_state(tmp, _nth("optimizer", i), st, kind="optimizer")
         for i, st in enumerate(sched_states):
             write_state(tmp, _nth("scheduler", i), st, kind="scheduler")
         for i, st in enumerate(custom_states):
@@ -188,8 +223,8 @@ def save_state(accelerator: Any, output_dir: Optional[str] = None, safe_serializ
         if scaler is not None:
             write_state(tmp, "scaler", scaler.state_dict(), kind="scaler")
         meta = {
-            "models": [f"{_nth('model', i)}.safetensors" for i in range(len(weights))],
-            "optimizers": [_nth("optimizer", i) for i in range(len(opt_states))],
+            "models": model_names,
+            "optimizers": opt_names,
             "schedulers": [_nth("scheduler", i) for i in range(len(sched_states))],
             "custom_objects": [f"custom_checkpoint_{i}" for i in range(len(custom_states))],
             "scaler": "scaler" if scaler is not None else None,
@@ -198,7 +233,16 @@ def save_state(accelerator: Any, output_dir: Optional[str] = None, safe_serializ
                               if isinstance(st, dict) else None for st in dl_states],
         }
     accelerator.wait_for_everyone()
+    # Every rank builds the indexes from the headers (small reads), so a bad layout raises on every rank.
+    indexes = {}
+    for names, build in ((model_names, universal.model_index), (opt_names, universal.optimizer_index)):
+        for name in names:
+            files = [rank_file(name, r, world) for r in range(world)]
+            indexes[name] = build(tmp, files, [read_rank_meta(os.path.join(tmp, f)) for f in files])
+    accelerator.wait_for_everyone()
     if coord:
+        for name, doc in indexes.items():
+            write_json(os.path.join(tmp, f"{name}.json"), doc)
         old_files: list[str] = []
         if os.path.isfile(os.path.join(output_dir, CHECKPOINT_FILE)):
             try:
@@ -242,6 +286,11 @@ def _resolve_input_dir(accelerator: Any, input_dir: Optional[str]) -> str:
     raise ValueError("No input_dir provided and automatic checkpoint naming is disabled.")
 
 
+def _read_index(directory: str, name: str, fmt: str) -> dict:
+    path = os.path.join(directory, f"{name}.json")
+    return check_format(path, read_json(path), fmt, universal.INDEX_VERSION, "tensor index")
+
+
 def load_state(accelerator: Any, input_dir: Optional[str] = None, load_kwargs: Optional[dict] = None,
                **load_model_func_kwargs: Any) -> str:
     """Restores what save_state wrote (this rank's RNG only); returns the directory read.
@@ -270,13 +319,16 @@ def load_state(accelerator: Any, input_dir: Optional[str] = None, load_kwargs: O
         hook(models, input_dir)
     if len(models) > len(meta["models"]):
         raise CheckpointError(f"{input_dir} holds {len(meta['models'])} model(s), {len(models)} to load")
+    strategy = strategy_of(accelerator)
     for i, model in enumerate(models):
-        fname = meta["models"][i]
-        sd = load_model_file(os.path.join(input_dir, fname), expected_size=sizes.get(fname))
+        name = meta["models"][i]
+        index = _read_index(input_dir, name, universal.MODEL_INDEX)
         # keep_torch_compile=False: the user's module itself (the compiled wrapper's keys carry a prefix, and
         # unwrapping with keep_torch_compile=True re-points the wrapper's _orig_mod, as HF does)
         target = accelerator.unwrap_model(model, keep_torch_compile=False)
-        target.load_state_dict(fill_tied(target, sd), **load_model_func_kwargs)
+        with PieceReader(input_dir, index["tensors"], sizes) as reader:
+            universal.load_model(reader, index, target, strategy.model_slices(_user_model(model)),
+                                 **load_model_func_kwargs)
 
     def need(kind: str, objs: list, names: list) -> None:
         if len(objs) > len(names):
@@ -284,7 +336,10 @@ def load_state(accelerator: Any, input_dir: Optional[str] = None, load_kwargs: O
 
     need("optimizer", accelerator._optimizers, meta["optimizers"])
     for opt, name in zip(accelerator._optimizers, meta["optimizers"]):
-        opt.load_state_dict(read_state(input_dir, name, kind="optimizer", device=device))
+        index = _read_index(input_dir, name, universal.OPTIMIZER_INDEX)
+        slots = strategy.optimizer_layout(opt, _model_of(accelerator, opt))
+        with PieceReader(input_dir, index["tensors"], sizes) as reader:
+            universal.load_optimizer(reader, index, opt, slots, device=device if device != "cpu" else None)
     need("scheduler", accelerator._schedulers, meta["schedulers"])
     for sched, name in zip(accelerator._schedulers, meta["schedulers"]):
         sched.load_state_dict(read_state(input_dir, name, kind="scheduler"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import config, env, estimate, launch, test
+from . import config, env, estimate, launch, merge_weights, test
 from .config_args import ConfigError
 from .estimate import EstimateError
 
@@ -14,9 +14,9 @@ from .estimate import EstimateError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m accelerate_c",
                                      description="accelerate_c command line: launch, config, env, test, "
-                                                 "estimate-memory")
-    sub = parser.add_subparsers(dest="command", metavar="{launch,config,env,test,estimate-memory}")
-    for module in (launch, config, env, test, estimate):
+                                                 "estimate-memory, merge-weights")
+    sub = parser.add_subparsers(dest="command", metavar="{launch,config,env,test,estimate-memory,merge-weights}")
+    for module in (launch, config, env, test, estimate, merge_weights):
         module.add_parser(sub)
     return parser
 

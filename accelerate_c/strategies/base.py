@@ -201,23 +201,36 @@ class Strategy:
 
     def model_slices(self, model: torch.nn.Module) -> list:
         """The model's logical tensors as this rank holds them (checkpointing/slices.py): here every tensor whole,
-        written by one rank each (`owner`), the ranks taking turns by size so they write in parallel."""
+        written by one rank each (`owner`), the ranks taking turns by size so they write in parallel. Tied names
+        (the same memory under a second name) are listed but owned by no rank: the checkpoint stores them once."""
         from ..checkpointing.slices import TensorSlice
         from ..utils.other import extract_model_from_parallel
         sd = extract_model_from_parallel(model).state_dict(keep_vars=True)
-        owners = balanced_owners({k: t.numel() * t.element_size() for k, t in sd.items()},
+        first: dict[tuple, str] = {}
+        tied = set()
+        for k, t in sd.items():
+            key = (t.device, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype) if t.numel() else None
+            if key is not None and key in first:
+                tied.add(k)
+            elif key is not None:
+                first[key] = k
+        owners = balanced_owners({k: t.numel() * t.element_size() for k, t in sd.items() if k not in tied},
                                  self.state.num_processes)
+        # a non-contiguous tensor is flattened into a copy: written correctly, loaded via load_state_dict
         return [TensorSlice(k, tuple(t.shape), t.dtype, 0, t.detach().reshape(-1),
-                            owner=owners[k] == self.state.process_index) for k, t in sd.items()]
+                            owner=owners.get(k) == self.state.process_index) for k, t in sd.items()]
 
     def optimizer_layout(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list:
         """Where each of the optimizer's parameters (flattened param_groups order: index i of its state dict) lies in
         the logical model (checkpointing/slices.py ParamSlot). Here every parameter is whole; each is written by one
         rank (`owner`), the ranks taking turns by size. A state tensor of the parameter's size is the logical
-        tensor "<name>/<key>" restricted to the slot; anything else (step, ...) is per-parameter scalar state."""
+        tensor "<name>/<key>" restricted to the slot; anything else (step, ...) is per-parameter scalar state.
+        A tied parameter is named by its first name, as in model_slices."""
         from ..checkpointing.slices import ParamSlot
         from ..utils.other import extract_model_from_parallel
-        names = {id(p): n for n, p in extract_model_from_parallel(model).named_parameters(remove_duplicate=False)}
+        names: dict[int, str] = {}
+        for n, p in extract_model_from_parallel(model).named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), n)
         inner = getattr(optimizer, "optimizer", optimizer)
         params = [p for g in inner.param_groups for p in g["params"]]
         missing = [i for i, p in enumerate(params) if id(p) not in names]
