@@ -1,0 +1,238 @@
+# accelerate_c/sharding/engine.py: the flat-shard engine of one prepared model (ZeRO 1/2/3, FSDP). Units
+# (units.py) each get a flat fp32 buffer padded to a multiple of the world size (flat.py); rank r owns shard r.
+#   stage 1: the full parameters live in one flat buffer (shared memory on one host); every parameter's .grad is a
+#            view into one full flat gradient buffer. A synced backward reduce-scatters (average) each unit's
+#            gradient into its own shard of that buffer (in place) as the unit completes; under no_sync the full
+#            gradient accumulates locally. The optimizer steps the shard; the shards are then all-gathered.
+#   stage 2: as 1, but no full gradient buffer: as each unit's gradients are complete (post-accumulate-grad hooks,
+#            in a fixed unit order on every rank) they are packed into one unit-sized staging buffer,
+#            reduce-scattered into the unit's shard gradient (accumulating: also under no_sync, as DeepSpeed's and
+#            FSDP's sharded accumulation) and the parameters' .grad freed.
+#   stage 3: as 2, and the parameters themselves are sharded: zero3.py gathers a unit before its forward and its
+#            backward and frees it after.
+# Every optimizer parameter that belongs to a unit is replaced by a 1-D Parameter viewing its piece of this rank's
+# fp32 master shard, whose .grad views the shard gradient (optim_shard.py), so torch's element-wise optimizers and
+# the fused kernels step the shard unchanged. A parameter that no rank used since the last zero_grad gets grad None
+# on its piece (not stepped), as in the single-process loop.
+# Not for: the strategy contract (strategies/sharded.py) or the layout arithmetic (flat.py).
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .. import _C
+from .comm import ShardComm
+from .flat import FlatEntry, FlatUnit
+from .units import build_units
+
+
+class ShardEngine:
+    def __init__(self, model: torch.nn.Module, config: Any, comm: ShardComm) -> None:
+        self.model, self.config, self.comm = model, config, comm
+        self.stage = int(config.stage)
+        self.rank, self.world = comm.rank, comm.size
+        specs, self.replicated = build_units(model, config.auto_wrap_policy, config.transformer_layer_cls,
+                                             config.min_num_params, config.ignored_modules)
+        self.units = [FlatUnit(i, s.name, s.module, s.params, self.world, self.rank) for i, s in enumerate(specs)]
+        sbase = fbase = 0
+        for u in self.units:
+            u.base, u.fbase = sbase, fbase
+            sbase, fbase = sbase + u.shard, fbase + u.padded
+        self.shard_numel, self.full_numel = sbase, fbase
+        self.entries: list[FlatEntry] = [e for u in self.units for e in u.entries]
+        self.index = {id(e.param): i for i, e in enumerate(self.entries)}
+        self.unit_of = [u for u in self.units for _ in u.entries]
+        for e in self.entries:
+            if e.param.dtype != torch.float32:
+                raise TypeError(f"sharded engine: parameter {e.name} is {e.param.dtype}; the master shards are fp32 "
+                                "(build the model in fp32; a low-precision compute copy is param_dtype's job)")
+        self.enabled = True            # False inside no_sync
+        self.used = torch.zeros(len(self.entries))  # this rank produced a gradient since the last zero_grad
+        self._fresh = [True] * len(self.units)      # the unit's shard gradient is zero (stages 2/3)
+        self._in_pass = False
+        self.zero3: Optional[Any] = None
+        with torch.no_grad():
+            self._place()
+        nb = len(self.units)
+        self.counter = _C.BucketCounter([nb - 1 - u.index for u in self.unit_of], max(nb, 1))
+        self._handles = [e.param.register_post_accumulate_grad_hook(self._on_grad) for e in self.entries]
+        if self.stage == 3:
+            from .zero3 import Zero3Hooks
+            self.zero3 = Zero3Hooks(self)
+
+    # -- buffers -----------------------------------------------------------------------------------------
+    def _place(self) -> None:
+        comm = self.comm
+        if self.stage in (1, 2):
+            self.flat = comm.alloc(self.full_numel)
+            for u in self.units:
+                full = self.flat[u.fbase:u.fbase + u.padded]
+                u.pack(full, [e.param.data for e in u.entries])
+                for e, v in zip(u.entries, u.views(full)):
+                    e.param.data = v
+        else:
+            self.pshard = comm.alloc(self.shard_numel)
+            for u in self.units:
+                full = torch.empty(u.padded, dtype=torch.float32, device=comm.device)
+                u.pack(full, [e.param.data for e in u.entries])
+                self.pshard[u.base:u.base + u.shard].copy_(full[u.lo:u.hi])
+                for e, v in zip(u.entries, u.views(full)):
+                    e.param.data = v
+                u.full = full
+                u.gathered = True
+        if self.stage == 1:
+            self.gfull = comm.alloc(self.full_numel)
+            self.gviews = [None] * len(self.entries)
+            for u in self.units:
+                for e, v in zip(u.entries, u.views(self.gfull[u.fbase:u.fbase + u.padded])):
+                    if e.param.grad is not None:
+                        v.copy_(e.param.grad)
+                    e.param.grad = v
+                    self.gviews[self.index[id(e.param)]] = v
+        else:
+            self.gshard = comm.alloc(self.shard_numel)
+            self.staging = comm.alloc(max((u.padded for u in self.units), default=0))
+            for e in self.entries:
+                e.param.grad = None
+
+    def master_shard(self, u: FlatUnit) -> torch.Tensor:
+        """This rank's fp32 master shard of unit u (what the optimizer steps)."""
+        if self.stage == 3:
+            return self.pshard[u.base:u.base + u.shard]
+        return self.flat[u.fbase + u.lo:u.fbase + u.hi]
+
+    def grad_shard(self, u: FlatUnit) -> torch.Tensor:
+        if self.stage == 1:
+            return self.gfull[u.fbase + u.lo:u.fbase + u.hi]
+        return self.gshard[u.base:u.base + u.shard]
+
+    # -- backward ------------------------------------------------------------------------------------------
+    def _on_grad(self, p: torch.Tensor) -> None:
+        i = self.index[id(p)]
+        self.used[i] = 1.0
+        if self.stage == 1:
+            view = self.gviews[i]
+            if p.grad is not view:  # a fresh gradient tensor (the user set grad None): back into the buffer
+                view.copy_(p.grad)
+                p.grad = view
+            if not self.enabled:
+                return
+        self.begin_pass()
+        self._reduce_units(*self.counter.mark(i))
+
+    def begin_pass(self) -> None:
+        """Queues the end-of-backward callback once per backward pass (from inside the pass)."""
+        if not self._in_pass:
+            self._in_pass = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+
+    def _end_of_backward(self) -> None:
+        self._in_pass = False
+        if self.stage != 1 or self.enabled:
+            self._reduce_units(*self.counter.mark_all_remaining())
+        self.counter.reset()
+        if self.zero3 is not None:
+            self.zero3.end_of_backward()
+
+    def reset_pass(self) -> None:
+        """Before a backward: forget a pass that raised midway (its end callback never ran)."""
+        if self._in_pass:
+            self._in_pass = False
+            self.counter.reset()
+
+    @torch.no_grad()
+    def _reduce_units(self, first: int, end: int) -> None:
+        nb = len(self.units)
+        for b in range(first, end):
+            self._reduce(self.units[nb - 1 - b])
+
+    def _reduce(self, u: FlatUnit) -> None:
+        comm = self.comm
+        if self.stage == 1:
+            # in place: the averaged shard lands in our own slice of the full gradient buffer
+            comm.reduce_scatter(self.grad_shard(u), self.gfull[u.fbase:u.fbase + u.padded], "avg")
+            return
+        staging = self.staging[:u.padded]
+        u.pack(staging, [e.param.grad for e in u.entries])
+        out = self.grad_shard(u)
+        if self._fresh[u.index]:
+            comm.reduce_scatter(out, staging, "avg")
+            self._fresh[u.index] = False
+        else:  # accumulation: a second backward before zero_grad
+            tmp = torch.empty_like(out)
+            comm.reduce_scatter(tmp, staging, "avg")
+            out.add_(tmp)
+        for e in u.entries:
+            e.param.grad = None
+        if self.zero3 is not None:
+            self.zero3.after_reduce(u)
+
+    # -- the step --------------------------------------------------------------------------------------------
+    def global_used(self) -> list[bool]:
+        """Which parameters some rank produced a gradient for since the last zero_grad (collective)."""
+        used = self.used.clone()
+        self.comm.all_reduce(used, "max", control=True)
+        return (used > 0).tolist()
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        """Stages 1/2: every rank's updated shards into every rank's full parameters."""
+        if self.stage in (1, 2):
+            self.comm.gather_shards_inplace(self.flat, [(u.fbase, u.shard) for u in self.units])
+
+    @torch.no_grad()
+    def zero_grad(self) -> None:
+        if self.stage == 1:
+            self.gfull.zero_()
+            for e, v in zip(self.entries, self.gviews):
+                e.param.grad = v
+        else:
+            self.gshard.zero_()
+            self._fresh = [True] * len(self.units)
+            for e in self.entries:
+                e.param.grad = None
+        self.used.zero_()
+
+    # -- state -----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def full_params(self) -> dict[int, torch.Tensor]:
+        """id(param) -> a full copy of each unit parameter, gathered unit by unit (collective under stage 3)."""
+        out: dict[int, torch.Tensor] = {}
+        for u in self.units:
+            if self.zero3 is not None:
+                with self.zero3.gathered(u):
+                    for e in u.entries:
+                        out[id(e.param)] = e.param.detach().clone()
+            else:
+                for e in u.entries:
+                    out[id(e.param)] = e.param.detach()
+        return out
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every tensor the engine holds for the model: parameters (full and shards), gradients, staging."""
+        ts = [e.param for e in self.entries] + [p for _, p in self.replicated]
+        ts += [p.grad for _, p in self.replicated if p.grad is not None]
+        for name in ("flat", "pshard", "gfull", "gshard", "staging"):
+            if hasattr(self, name):
+                ts.append(getattr(self, name))
+        ts += [e.param.grad for e in self.entries if e.param.grad is not None]
+        return ts
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self.zero3 is not None:
+            self.zero3.remove()
+
+
+def storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind `tensors` (a view counts once with its base)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        s = t.untyped_storage()
+        ptr = s.data_ptr()
+        if ptr:
+            seen[ptr] = max(seen.get(ptr, 0), s.nbytes())
+    return sum(seen.values())

@@ -1,0 +1,102 @@
+# accelerate_c/sharding/zero3.py: stage 3's parameter life cycle. Each unit's full parameters live in one flat
+# buffer `u.full` whose storage is freed (resized to 0 bytes) while the unit is not in use and refilled in place
+# (all-gather of the fp32 shards) when it is: the parameters stay views of that same storage, so autograd's saved
+# tensors remain valid across a free/refill and no version counter moves (the collective writes raw memory).
+#   before a unit's forward: gather (a forward pre-hook);
+#   after it: free, when reshard_after_forward (or under no_grad), and hook the outputs so that the unit is
+#             gathered again before its backward runs (a hook on each output's gradient);
+#   after its backward: once its gradients are reduce-scattered (engine.py), free.
+# At the end of backward every unit still gathered is freed. Units are gathered one at a time in forward order;
+# a unit nested in another (the root holds every layer) stays gathered around its children.
+# Not for: gradient reduction (engine.py) or the optimizer side (optim_shard.py).
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+
+from .flat import FlatUnit
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    """The tensors inside a module's output (tensor, tuple/list, dict or ModelOutput, dataclass-like)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _tensors(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in _tensors(o)]
+    return []
+
+
+class Zero3Hooks:
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.comm = engine.comm
+        self.reshard_after_forward = bool(engine.config.reshard_after_forward)
+        self._handles = []
+        for u in engine.units:
+            self._handles.append(u.module.register_forward_pre_hook(self._pre_forward(u)))
+            self._handles.append(u.module.register_forward_hook(self._post_forward(u)))
+            self.free(u)
+
+    # -- gather / free ---------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def gather(self, u: FlatUnit) -> None:
+        if u.gathered:
+            return
+        u.full.untyped_storage().resize_(u.padded * u.full.element_size())
+        self.comm.all_gather(u.full, self.engine.pshard[u.base:u.base + u.shard])
+        u.gathered = True
+
+    def free(self, u: FlatUnit) -> None:
+        if u.gathered:
+            u.full.untyped_storage().resize_(0)
+            u.gathered = False
+
+    @contextlib.contextmanager
+    def gathered(self, u: FlatUnit) -> Iterator[None]:
+        was = u.gathered
+        self.gather(u)
+        try:
+            yield
+        finally:
+            if not was:
+                self.free(u)
+
+    # -- hooks -----------------------------------------------------------------------------------------------
+    def _pre_forward(self, u: FlatUnit) -> Any:
+        def hook(module: torch.nn.Module, args: Any) -> None:
+            self.gather(u)
+        return hook
+
+    def _post_forward(self, u: FlatUnit) -> Any:
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            grad = torch.is_grad_enabled()
+            if grad:
+                for t in _tensors(output):
+                    if t.requires_grad:
+                        t.register_hook(self._pre_backward(u))
+            if self.reshard_after_forward or not grad:
+                self.free(u)
+        return hook
+
+    def _pre_backward(self, u: FlatUnit) -> Any:
+        def hook(grad: torch.Tensor) -> None:
+            self.engine.begin_pass()
+            self.gather(u)
+        return hook
+
+    def after_reduce(self, u: FlatUnit) -> None:
+        """The unit's gradients are reduced: its parameters are not needed again in this backward."""
+        self.free(u)
+
+    def end_of_backward(self) -> None:
+        for u in self.engine.units:
+            self.free(u)
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
