@@ -46,6 +46,17 @@ class ShardComm:
         self._count("reduce_scatter", inp)
         self.group.reduce_scatter(out, inp, op)
 
+    def reduce_scatter_async(self, out: torch.Tensor, inp: torch.Tensor, op: str = "avg") -> Optional[Any]:
+        """Starts the reduce-scatter on the shared-memory group's worker thread (the C call drops the GIL, so
+        backward goes on meanwhile) and returns its Work; None when it already ran synchronously (no shm).
+        Neither tensor may be touched before wait(); later collectives on the group queue behind it."""
+        self._count("reduce_scatter", inp)
+        if self.shm is None:
+            self.group.reduce_scatter(out, inp, op)
+            return None
+        shm = self.shm
+        return shm.submit(lambda: shm.raw_reduce_scatter(out, inp, op))
+
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         self._count("all_gather", out)
         self.group.all_gather(out, inp)

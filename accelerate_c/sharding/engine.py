@@ -51,6 +51,7 @@ class ShardEngine:
         self.used = torch.zeros(len(self.entries))  # this rank produced a gradient since the last zero_grad
         self._fresh = [True] * len(self.units)      # the unit's shard gradient is zero (stages 2/3)
         self._in_pass = False
+        self._works: list[tuple[Any, Optional[torch.Tensor], Optional[torch.Tensor]]] = []  # (work, tmp, shard)
         self.zero3: Optional[Any] = None
         with torch.no_grad():
             self._place()
@@ -92,7 +93,11 @@ class ShardEngine:
                     self.gviews[self.index[id(e.param)]] = v
         else:
             self.gshard = comm.alloc(self.shard_numel)
-            self.staging = comm.alloc(max((u.padded for u in self.units), default=0))
+            # two unit-sized staging buffers: one unit packs while the previous one's reduce-scatter runs
+            biggest = max((u.padded for u in self.units), default=0)
+            self.staging = [comm.alloc(biggest) for _ in range(2 if len(self.units) > 1 else 1)]
+            self._staging_work: list[Optional[Any]] = [None] * len(self.staging)
+            self._next_staging = 0
             for e in self.entries:
                 e.param.grad = None
 
@@ -132,6 +137,7 @@ class ShardEngine:
         if self.stage != 1 or self.enabled:
             self._reduce_units(*self.counter.mark_all_remaining())
         self.counter.reset()
+        self.wait()  # when backward returns, every shard gradient is reduced
         if self.zero3 is not None:
             self.zero3.end_of_backward()
 
@@ -140,6 +146,18 @@ class ShardEngine:
         if self._in_pass:
             self._in_pass = False
             self.counter.reset()
+            self.wait()
+
+    @torch.no_grad()
+    def wait(self) -> None:
+        works, self._works = self._works, []
+        for work, tmp, shard in works:
+            if work is not None:
+                work.wait()
+            if tmp is not None:
+                shard.add_(tmp)
+        if self.stage != 1:
+            self._staging_work = [None] * len(self.staging)
 
     @torch.no_grad()
     def _reduce_units(self, first: int, end: int) -> None:
@@ -151,18 +169,25 @@ class ShardEngine:
         comm = self.comm
         if self.stage == 1:
             # in place: the averaged shard lands in our own slice of the full gradient buffer
-            comm.reduce_scatter(self.grad_shard(u), self.gfull[u.fbase:u.fbase + u.padded], "avg")
+            w = comm.reduce_scatter_async(self.grad_shard(u), self.gfull[u.fbase:u.fbase + u.padded], "avg")
+            self._works.append((w, None, None))
             return
-        staging = self.staging[:u.padded]
+        k = self._next_staging
+        self._next_staging = (k + 1) % len(self.staging)
+        if self._staging_work[k] is not None:  # peers may read this buffer until its reduce-scatter is done
+            self._staging_work[k].wait()
+        staging = self.staging[k][:u.padded]
         u.pack(staging, [e.param.grad for e in u.entries])
         out = self.grad_shard(u)
         if self._fresh[u.index]:
-            comm.reduce_scatter(out, staging, "avg")
+            w = comm.reduce_scatter_async(out, staging, "avg")
             self._fresh[u.index] = False
+            self._works.append((w, None, None))
         else:  # accumulation: a second backward before zero_grad
             tmp = torch.empty_like(out)
-            comm.reduce_scatter(tmp, staging, "avg")
-            out.add_(tmp)
+            w = comm.reduce_scatter_async(tmp, staging, "avg")
+            self._works.append((w, tmp, out))
+        self._staging_work[k] = w
         for e in u.entries:
             e.param.grad = None
         if self.zero3 is not None:
@@ -213,9 +238,10 @@ class ShardEngine:
         """Every tensor the engine holds for the model: parameters (full and shards), gradients, staging."""
         ts = [e.param for e in self.entries] + [p for _, p in self.replicated]
         ts += [p.grad for _, p in self.replicated if p.grad is not None]
-        for name in ("flat", "pshard", "gfull", "gshard", "staging"):
+        for name in ("flat", "pshard", "gfull", "gshard"):
             if hasattr(self, name):
                 ts.append(getattr(self, name))
+        ts += getattr(self, "staging", [])
         ts += [e.param.grad for e in self.entries if e.param.grad is not None]
         return ts
 

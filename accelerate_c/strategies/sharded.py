@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from typing import Any, Callable, Iterable, Iterator, Optional
 
@@ -62,6 +63,7 @@ class ShardedDataParallel(BucketedDataParallel):
         self.comm: Optional[Any] = None
         self._mark = 0
         self.bytes_last_step = 0         # model bytes moved by the collectives of the last step (counted)
+        self.step_seconds: dict[str, float] = {}  # the last step: the optimizer on the shard, the all-gather after
 
     @property
     def stage(self) -> int:
@@ -142,9 +144,12 @@ class ShardedDataParallel(BucketedDataParallel):
         if self.config.gradient_clipping:
             inner = optimizer
             self.clip_grad_norm_([p for g in inner.param_groups for p in g["params"]], self.config.gradient_clipping)
+        t0 = time.perf_counter()
         skipped = super().step(optimizer, precision, closure)
+        t1 = time.perf_counter()
         for sp in mine:
             sp.engine.after_step()
+        self.step_seconds = {"optimizer": t1 - t0, "gather": time.perf_counter() - t1}
         if self.comm is not None:
             total = self.comm.model_bytes()
             self.bytes_last_step, self._mark = total - self._mark, total
