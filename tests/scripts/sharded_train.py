@@ -67,6 +67,16 @@ def make_optimizer(model: torch.nn.Module, kind: str) -> torch.optim.Optimizer:
                              lr=1e-2, eps=1e-4)  # eps: a zero-mean gradient (attention key bias) stays ~0
 
 
+def eval_loss(kind: str, model: torch.nn.Module) -> float:
+    """A loss in eval mode under no_grad (stage 3 gathers each unit for it and frees it after)."""
+    model.eval()
+    with torch.no_grad():
+        xb, yb = batch(kind, 999, 4)
+        out = loss_of(kind, model, xb, yb, 1).item()
+    model.train()
+    return out
+
+
 def optim_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
     names = {id(p): n for n, p in model.named_parameters()}
     return {f"{names[id(p)]}/{k}": v.detach().clone() for p, st in opt.state.items()
@@ -107,7 +117,7 @@ def emulate(args: argparse.Namespace) -> None:
             opt.step()
             opt.zero_grad()
     load(0)
-    write(args, losses, model.state_dict(), optim_state(model, opt))
+    write(args, losses + [eval_loss(kind, model)], model.state_dict(), optim_state(model, opt))
 
 
 def distributed(args: argparse.Namespace) -> None:
@@ -143,7 +153,15 @@ def distributed(args: argparse.Namespace) -> None:
         if acc.sync_gradients:
             per_step.append(acc.strategy.bytes_last_step)
         losses.append(acc.reduce(loss.detach(), reduction="mean").item())
+    losses.append(eval_loss(kind, model))
     strategy = acc.strategy
+    if args.stage == 0:  # NO_SHARD: our DDP, nothing of the engine's to report
+        sd = acc.get_state_dict(model)
+        if acc.is_main_process:
+            write(args, losses, sd, {})
+        acc.wait_for_everyone()
+        acc.end_training()
+        return
     state_bytes = strategy.model_state_bytes([opt])
     engine = strategy.engines[0]
     stats = {"bytes_per_step": per_step, "model_state_bytes": state_bytes,
