@@ -47,6 +47,12 @@ class ShardEngine:
             if e.param.dtype != torch.float32:
                 raise TypeError(f"sharded engine: parameter {e.name} is {e.param.dtype}; the master shards are fp32 "
                                 "(build the model in fp32; a low-precision compute copy is param_dtype's job)")
+        # mixed precision: parameters, gradients and their reduction in the compute dtype, fp32 master shards
+        pdt = config.param_dtype or torch.float32
+        if config.reduce_dtype is not None and config.reduce_dtype != pdt:
+            raise NotImplementedError(f"sharded engine: reduce_dtype={config.reduce_dtype} differs from param_dtype="
+                                      f"{pdt}: gradients are reduced in the compute dtype")
+        self.pdt, self.low = pdt, pdt != torch.float32
         self.enabled = True            # False inside no_sync
         self.used = torch.zeros(len(self.entries))  # this rank produced a gradient since the last zero_grad
         self._fresh = [True] * len(self.units)      # the unit's shard gradient is zero (stages 2/3)
@@ -58,32 +64,52 @@ class ShardEngine:
         nb = len(self.units)
         self.counter = _C.BucketCounter([nb - 1 - u.index for u in self.unit_of], max(nb, 1))
         self._handles = [e.param.register_post_accumulate_grad_hook(self._on_grad) for e in self.entries]
+        if self.low:  # FSDP's cast_forward_inputs: floating inputs of the root forward in the compute dtype
+            self._handles.append(model.register_forward_pre_hook(self._cast_inputs, with_kwargs=True))
         if self.stage == 3:
             from .zero3 import Zero3Hooks
             self.zero3 = Zero3Hooks(self)
 
+    def _cast_inputs(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
+        def cast(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != self.pdt:
+                return x.to(self.pdt)
+            if isinstance(x, (list, tuple)):
+                return type(x)(cast(v) for v in x)
+            if isinstance(x, dict):
+                return {k: cast(v) for k, v in x.items()}
+            return x
+        return cast(args), cast(kwargs)
+
     # -- buffers -----------------------------------------------------------------------------------------
     def _place(self) -> None:
-        comm = self.comm
+        comm, pdt = self.comm, self.pdt
         if self.stage in (1, 2):
-            self.flat = comm.alloc(self.full_numel)
-            for u in self.units:
-                full = self.flat[u.fbase:u.fbase + u.padded]
-                u.pack(full, [e.param.data for e in u.entries])
-                for e, v in zip(u.entries, u.views(full)):
-                    e.param.data = v
+            self.flat = comm.alloc(self.full_numel, pdt)
+            if self.low:
+                self.master = comm.alloc(self.shard_numel)  # fp32 master shards; flat holds the compute copy
         else:
             self.pshard = comm.alloc(self.shard_numel)
-            for u in self.units:
-                full = torch.empty(u.padded, dtype=torch.float32, device=comm.device)
-                u.pack(full, [e.param.data for e in u.entries])
-                self.pshard[u.base:u.base + u.shard].copy_(full[u.lo:u.hi])
-                for e, v in zip(u.entries, u.views(full)):
-                    e.param.data = v
-                u.full = full
-                u.gathered = True
+            if self.low:
+                self.lshard = comm.alloc(self.shard_numel, pdt)  # the shards' compute copy, what is gathered
+        for u in self.units:
+            f32 = torch.empty(u.padded, dtype=torch.float32, device=comm.device)
+            u.pack(f32, [e.param.data for e in u.entries])
+            if self.stage in (1, 2):
+                full = self.flat[u.fbase:u.fbase + u.padded]
+                full.copy_(f32)
+                if self.low:
+                    self.master[u.base:u.base + u.shard].copy_(f32[u.lo:u.hi])
+            else:
+                self.pshard[u.base:u.base + u.shard].copy_(f32[u.lo:u.hi])
+                if self.low:
+                    self.lshard[u.base:u.base + u.shard].copy_(f32[u.lo:u.hi])
+                full = f32 if not self.low else f32.to(pdt)
+                u.full, u.gathered = full, True
+            for e, v in zip(u.entries, u.views(full)):
+                e.param.data = v
         if self.stage == 1:
-            self.gfull = comm.alloc(self.full_numel)
+            self.gfull = comm.alloc(self.full_numel, pdt)
             self.gviews = [None] * len(self.entries)
             for u in self.units:
                 for e, v in zip(u.entries, u.views(self.gfull[u.fbase:u.fbase + u.padded])):
@@ -92,10 +118,10 @@ class ShardEngine:
                     e.param.grad = v
                     self.gviews[self.index[id(e.param)]] = v
         else:
-            self.gshard = comm.alloc(self.shard_numel)
+            self.gshard = comm.alloc(self.shard_numel, pdt)
             # two unit-sized staging buffers: one unit packs while the previous one's reduce-scatter runs
             biggest = max((u.padded for u in self.units), default=0)
-            self.staging = [comm.alloc(biggest) for _ in range(2 if len(self.units) > 1 else 1)]
+            self.staging = [comm.alloc(biggest, pdt) for _ in range(2 if len(self.units) > 1 else 1)]
             self._staging_work: list[Optional[Any]] = [None] * len(self.staging)
             self._next_staging = 0
             for e in self.entries:
@@ -105,7 +131,13 @@ class ShardEngine:
         """This rank's fp32 master shard of unit u (what the optimizer steps)."""
         if self.stage == 3:
             return self.pshard[u.base:u.base + u.shard]
+        if self.low:
+            return self.master[u.base:u.base + u.shard]
         return self.flat[u.fbase + u.lo:u.fbase + u.hi]
+
+    def gather_source(self, u: FlatUnit) -> torch.Tensor:
+        """Stage 3: what is all-gathered into the unit's full buffer (the compute copy of the shard)."""
+        return (self.lshard if self.low else self.pshard)[u.base:u.base + u.shard]
 
     def grad_shard(self, u: FlatUnit) -> torch.Tensor:
         if self.stage == 1:
@@ -202,9 +234,16 @@ class ShardEngine:
 
     @torch.no_grad()
     def after_step(self) -> None:
-        """Stages 1/2: every rank's updated shards into every rank's full parameters."""
-        if self.stage in (1, 2):
-            self.comm.gather_shards_inplace(self.flat, [(u.fbase, u.shard) for u in self.units])
+        """The updated fp32 master shards into the compute copy (in the same pass as the cast under mixed
+        precision) and, stages 1/2, every rank's updated shards into every rank's full parameters."""
+        if self.stage == 3:
+            if self.low:
+                self.lshard.copy_(self.pshard)
+            return
+        if self.low:
+            for u in self.units:
+                self.flat[u.fbase + u.lo:u.fbase + u.hi].copy_(self.master[u.base:u.base + u.shard])
+        self.comm.gather_shards_inplace(self.flat, [(u.fbase, u.shard) for u in self.units])
 
     @torch.no_grad()
     def zero_grad(self) -> None:
@@ -225,20 +264,22 @@ class ShardEngine:
         """id(param) -> a full copy of each unit parameter, gathered unit by unit (collective under stage 3)."""
         out: dict[int, torch.Tensor] = {}
         for u in self.units:
-            if self.zero3 is not None:
-                with self.zero3.gathered(u):
-                    for e in u.entries:
-                        out[id(e.param)] = e.param.detach().clone()
-            else:
+            if self.stage in (1, 2) and not self.low:
                 for e in u.entries:
                     out[id(e.param)] = e.param.detach()
+                continue
+            # from the fp32 master shards (zero-copy all-gather: the shards sit at the same offset on every rank)
+            full = torch.empty(u.padded, dtype=torch.float32, device=self.comm.device)
+            self.comm.all_gather(full, self.master_shard(u))
+            for e, v in zip(u.entries, u.views(full)):
+                out[id(e.param)] = v
         return out
 
     def state_tensors(self) -> list[torch.Tensor]:
         """Every tensor the engine holds for the model: parameters (full and shards), gradients, staging."""
         ts = [e.param for e in self.entries] + [p for _, p in self.replicated]
         ts += [p.grad for _, p in self.replicated if p.grad is not None]
-        for name in ("flat", "pshard", "gfull", "gshard"):
+        for name in ("flat", "master", "pshard", "lshard", "gfull", "gshard"):
             if hasattr(self, name):
                 ts.append(getattr(self, name))
         ts += getattr(self, "staging", [])

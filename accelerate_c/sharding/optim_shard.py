@@ -24,12 +24,14 @@ class ShardedParams:
         self.pieces: list[torch.nn.Parameter] = []
         self.grads: list[torch.Tensor] = []
         self.of_piece: dict[int, int] = {}  # id(piece) -> entry index
+        self._g32: Optional[torch.Tensor] = None  # mixed precision: the fp32 shard gradient, during the step only
         for i, e in enumerate(engine.entries):
             u = engine.unit_of[i]
             a, b = u.shard_slice(e)
             piece = torch.nn.Parameter(engine.master_shard(u)[a:b], requires_grad=True)
-            grad = engine.grad_shard(u)[a:b]
-            piece.grad = grad
+            grad = engine.grad_shard(u)[a:b]  # in the compute dtype: under mixed precision cast at the step
+            if not engine.low:
+                piece.grad = grad
             self.pieces.append(piece)
             self.grads.append(grad)
             self.of_piece[id(piece)] = i
@@ -60,14 +62,34 @@ class ShardedParams:
 
     def before_step(self) -> None:
         """Attach each piece's gradient, or None when empty or unused by every rank (collective)."""
-        used = self.engine.global_used()
+        engine = self.engine
+        used = engine.global_used()
+        grads = self.grads
+        if engine.low:  # the optimizer's gradients are fp32 like its parameters: cast the shard for the step
+            self._g32 = g32 = torch.empty(engine.shard_numel, dtype=torch.float32, device=engine.comm.device)
+            for u in engine.units:
+                g32[u.base:u.base + u.shard].copy_(engine.grad_shard(u))
+            grads = []
+            for i, e in enumerate(engine.entries):
+                u = engine.unit_of[i]
+                a, b = u.shard_slice(e)
+                grads.append(g32[u.base + a:u.base + b])
         for i, piece in enumerate(self.pieces):
-            piece.grad = self.grads[i] if used[i] and piece.numel() else None
+            piece.grad = grads[i] if used[i] and piece.numel() else None
+
+    def after_step(self) -> None:
+        """The updated shards into the parameters (engine.after_step); the step's fp32 gradient copy freed."""
+        if self._g32 is not None:
+            for piece in self.pieces:
+                piece.grad = None
+            self._g32 = None
+        self.engine.after_step()
 
     def zero_grad(self) -> None:
         self.engine.zero_grad()
-        for piece, g in zip(self.pieces, self.grads):
-            piece.grad = g
+        if not self.engine.low:
+            for piece, g in zip(self.pieces, self.grads):
+                piece.grad = g
 
     @torch.no_grad()
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float,

@@ -11,8 +11,7 @@
 # Not for: gradient reduction (engine.py) or the optimizer side (optim_shard.py).
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -47,23 +46,13 @@ class Zero3Hooks:
         if u.gathered:
             return
         u.full.untyped_storage().resize_(u.padded * u.full.element_size())
-        self.comm.all_gather(u.full, self.engine.pshard[u.base:u.base + u.shard])
+        self.comm.all_gather(u.full, self.engine.gather_source(u))
         u.gathered = True
 
     def free(self, u: FlatUnit) -> None:
         if u.gathered:
             u.full.untyped_storage().resize_(0)
             u.gathered = False
-
-    @contextlib.contextmanager
-    def gathered(self, u: FlatUnit) -> Iterator[None]:
-        was = u.gathered
-        self.gather(u)
-        try:
-            yield
-        finally:
-            if not was:
-                self.free(u)
 
     # -- hooks -----------------------------------------------------------------------------------------------
     def _pre_forward(self, u: FlatUnit) -> Any:

@@ -71,8 +71,7 @@ class ShardedDataParallel(BucketedDataParallel):
 
     def _check_config(self) -> None:
         c = self.config
-        unsupported = [(name, v) for name, v in (("param_dtype", c.param_dtype), ("reduce_dtype", c.reduce_dtype),
-                                                  ("activation_checkpointing", c.activation_checkpointing or None),
+        unsupported = [(name, v) for name, v in (("activation_checkpointing", c.activation_checkpointing or None),
                                                   ("cpu_ram_efficient_loading", c.cpu_ram_efficient_loading or None),
                                                   ("zero3_init", c.zero3_init or None)) if v is not None]
         if unsupported:
@@ -139,16 +138,15 @@ class ShardedDataParallel(BucketedDataParallel):
         if self.stage == 0:
             return super().step(optimizer, precision, closure)
         mine = self._sharded_for(optimizer)
+        if self.config.gradient_clipping:  # DeepSpeed's, on the shard gradients
+            self.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], self.config.gradient_clipping)
         for sp in mine:
             sp.before_step()
-        if self.config.gradient_clipping:
-            inner = optimizer
-            self.clip_grad_norm_([p for g in inner.param_groups for p in g["params"]], self.config.gradient_clipping)
         t0 = time.perf_counter()
         skipped = super().step(optimizer, precision, closure)
         t1 = time.perf_counter()
         for sp in mine:
-            sp.engine.after_step()
+            sp.after_step()
         self.step_seconds = {"optimizer": t1 - t0, "gather": time.perf_counter() - t1}
         if self.comm is not None:
             total = self.comm.model_bytes()

@@ -9,6 +9,7 @@
 # and from the distributed run per rank: stats<r>.json (bytes per step, model-state bytes), slices<r>.safetensors
 # (model_slices and the optimizer state by optimizer_layout, keyed "<name>@<start>").
 import argparse
+import copy as pycopy
 import dataclasses
 import json
 import os
@@ -67,12 +68,13 @@ def make_optimizer(model: torch.nn.Module, kind: str) -> torch.optim.Optimizer:
                              lr=1e-2, eps=1e-4)  # eps: a zero-mean gradient (attention key bias) stays ~0
 
 
-def eval_loss(kind: str, model: torch.nn.Module) -> float:
+def eval_loss(kind: str, model: torch.nn.Module, bf16: bool = False) -> float:
     """A loss in eval mode under no_grad (stage 3 gathers each unit for it and frees it after)."""
     model.eval()
     with torch.no_grad():
         xb, yb = batch(kind, 999, 4)
-        out = loss_of(kind, model, xb, yb, 1).item()
+        m = pycopy.deepcopy(model).to(torch.bfloat16) if bf16 else model
+        out = loss_of(kind, m, xb.bfloat16() if bf16 and xb.is_floating_point() else xb, yb, 1).item()
     model.train()
     return out
 
@@ -105,6 +107,16 @@ def emulate(args: argparse.Namespace) -> None:
         total = 0.0
         for r in range(n):
             load(r)
+            if args.bf16:  # a bf16 compute copy of the fp32 master, its gradients accumulated in fp32
+                copy = pycopy.deepcopy(model).to(torch.bfloat16)
+                x = chunk(xb, r, n)
+                loss = loss_of(kind, copy, x.bfloat16() if x.is_floating_point() else x, chunk(yb, r, n), m)
+                (loss / (args.grad_accum * n)).backward()
+                for p, q in zip(model.parameters(), copy.parameters()):
+                    if q.grad is not None:
+                        p.grad = q.grad.float() if p.grad is None else p.grad + q.grad.float()
+                total += loss.item() / n
+                continue
             loss = loss_of(kind, model, chunk(xb, r, n), chunk(yb, r, n), m)
             (loss / (args.grad_accum * n)).backward()
             per_rank[r] = {k: v.clone() for k, v in model.named_buffers()}
@@ -117,7 +129,7 @@ def emulate(args: argparse.Namespace) -> None:
             opt.step()
             opt.zero_grad()
     load(0)
-    write(args, losses + [eval_loss(kind, model)], model.state_dict(), optim_state(model, opt))
+    write(args, losses + [eval_loss(kind, model, args.bf16)], model.state_dict(), optim_state(model, opt))
 
 
 def distributed(args: argparse.Namespace) -> None:
@@ -135,7 +147,8 @@ def distributed(args: argparse.Namespace) -> None:
     policy, cls, min_params = WRAPS[args.wrap]
     acc.strategy.config = dataclasses.replace(acc.strategy.config, auto_wrap_policy=policy,
                                               transformer_layer_cls=cls, min_num_params=min_params,
-                                              ignored_modules=(args.ignore,) if args.ignore else ())
+                                              ignored_modules=(args.ignore,) if args.ignore else (),
+                                              param_dtype=torch.bfloat16 if args.bf16 else None)
     assert acc.strategy.name == "sharded" and acc.strategy.stage == args.stage, (acc.strategy.name, args.stage)
     n, r, kind = acc.num_processes, acc.process_index, args.model
     model = build(kind)
@@ -209,6 +222,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--clip", type=float, default=0.0, help="accelerator.clip_grad_norm_ at each synced step")
     p.add_argument("--ds_clip", type=float, default=0.0, help="DeepSpeedPlugin(gradient_clipping=...)")
+    p.add_argument("--bf16", action="store_true", help="param_dtype bf16: a bf16 compute copy, fp32 master shards")
     p.add_argument("--ignore", default="", help="ignored_modules: a regex of module names")
     p.add_argument("--emulate", type=int, default=0, help="the single-process reference of N ranks")
     p.add_argument("--out", required=True)
