@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import warnings
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -81,6 +82,17 @@ class ShardedDataParallel(BucketedDataParallel):
             warnings.warn("accelerate_c: cpu_offload is a no-op here: parameters and optimizer state are already in "
                           "CPU memory")
 
+    def _engine_config(self) -> ShardedConfig:
+        """The Accelerator's mixed_precision="bf16" means a bf16 compute copy unless param_dtype says otherwise
+        (HF: FSDP's set_mixed_precision, DeepSpeed's bf16 block)."""
+        mp = str(getattr(self.state, "mixed_precision", "no"))
+        if mp == "fp16":
+            raise NotImplementedError("mixed_precision='fp16' under the sharded engine (stages 1-3): loss scaling "
+                                      "over shards is not implemented yet; use 'bf16'")
+        if self.config.param_dtype is None and mp in ("bf16", "fp8"):
+            return dataclasses.replace(self.config, param_dtype=torch.bfloat16)
+        return self.config
+
     def _comm(self) -> Any:
         if self.comm is None:
             from ..comm import TorchGroup, get_group
@@ -108,7 +120,7 @@ class ShardedDataParallel(BucketedDataParallel):
             model = model.to(self.state.device)
         # every rank starts from rank 0's parameters and buffers (sync_module_states), as DDP at construction
         self.broadcast(list(model.parameters()) + list(model.buffers()))
-        engine = ShardEngine(model, self.config, self._comm())
+        engine = ShardEngine(model, self._engine_config(), self._comm())
         self.engines.append(engine)
         self.sharded.append(ShardedParams(engine))
         rep = [p for _, p in engine.replicated if p.requires_grad]

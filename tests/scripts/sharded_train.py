@@ -141,14 +141,16 @@ def distributed(args: argparse.Namespace) -> None:
     else:
         plugins = {"deepspeed_plugin": DeepSpeedPlugin(zero_stage=args.stage,
                                                        gradient_clipping=args.ds_clip or None)}
-    acc = Accelerator(cpu=True, gradient_accumulation_steps=args.grad_accum, **plugins)
+    # bf16 through the DeepSpeed face: the Accelerator's mixed_precision; through the FSDP face: param_dtype
+    mp = "bf16" if args.bf16 and args.face == "ds" else "no"
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=args.grad_accum, mixed_precision=mp, **plugins)
     # The wrap policy is set on the engine's config directly (the plugins' auto-wrap fields are mapped by the
     # configuration-faces work); everything else comes from the plugin.
     policy, cls, min_params = WRAPS[args.wrap]
     acc.strategy.config = dataclasses.replace(acc.strategy.config, auto_wrap_policy=policy,
                                               transformer_layer_cls=cls, min_num_params=min_params,
                                               ignored_modules=(args.ignore,) if args.ignore else (),
-                                              param_dtype=torch.bfloat16 if args.bf16 else None)
+                                              param_dtype=torch.bfloat16 if args.bf16 and mp == "no" else None)
     assert acc.strategy.name == "sharded" and acc.strategy.stage == args.stage, (acc.strategy.name, args.stage)
     n, r, kind = acc.num_processes, acc.process_index, args.model
     model = build(kind)
