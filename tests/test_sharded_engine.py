@@ -65,7 +65,7 @@ CASES = [  # model, face, stage, nproc, extra args
 ]
 
 
-@pytest.mark.parametrize("model,face,stage,nproc,extra", CASES, ids=[f"{c[0]}-{c[1]}-z{c[2]}-n{c[3]}" for c in CASES])
+@pytest.mark.parametrize("model,face,stage,nproc,extra", CASES, ids=[f"{c[0]}-{c[1]}-z{c[2]}-n{c[3]}" + ("-bf16" * ("--bf16" in c[4])) for c in CASES])
 def test_stage_trains_like_one_process(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra):
     args = ["--model", model, "--global_batch", str(4 * nproc)] + extra
     ref_args = [a for a in args if a not in ("--ignore", "head")]  # ignoring a module changes no math
