@@ -57,6 +57,15 @@ class ShardComm:
         shm = self.shm
         return shm.submit(lambda: shm.raw_reduce_scatter(out, inp, op))
 
+    def all_gather_async(self, out: torch.Tensor, inp: torch.Tensor) -> Optional[Any]:
+        """As reduce_scatter_async, for an all-gather."""
+        self._count("all_gather", out)
+        if self.shm is None:
+            self.group.all_gather(out, inp)
+            return None
+        shm = self.shm
+        return shm.submit(lambda: shm.raw_all_gather(out, inp))
+
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         self._count("all_gather", out)
         self.group.all_gather(out, inp)
