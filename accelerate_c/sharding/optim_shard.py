@@ -104,19 +104,18 @@ class ShardedParams:
             i = engine.index.get(id(p), self.of_piece.get(id(p)))
             if i is not None and self.grads[i].numel():
                 mine.append(self.grads[i])
-        counted = replicated_grads if engine.rank == 0 else []
+        counted = [g for g in mine + (replicated_grads if engine.rank == 0 else []) if g.numel()]
+        # this rank's part with the C kernels of accelerate_c.ops (fp64 accumulation), then one all-reduce
+        from ..ops import global_norm, scale_
         if math.isinf(norm_type):
-            local = max([g.abs().max() for g in mine + counted if g.numel()], default=torch.tensor(0.0))
-            total = engine.comm.all_reduce(local.reshape(1).float().clone(), "max", control=True)[0]
+            local = global_norm(counted, norm_type).reshape(1).to(torch.float64)
+            total = engine.comm.all_reduce(local, "max", control=True)[0]
         else:
-            local = torch.zeros(1, dtype=torch.float64)
-            for g in mine + counted:
-                local += torch.linalg.vector_norm(g, norm_type, dtype=torch.float64) ** norm_type
+            local = global_norm(counted, norm_type).reshape(1).to(torch.float64) ** norm_type
             total = engine.comm.all_reduce(local, "sum", control=True)[0] ** (1.0 / norm_type)
         total = total.float()
         coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-        for g in mine + replicated_grads:
-            g.mul_(coef)
+        scale_([g for g in mine + replicated_grads if g.numel()], coef)
         return total
 
     def slot(self, piece: torch.Tensor) -> Optional[tuple[Any, int]]:
