@@ -195,6 +195,17 @@ def distributed(args: argparse.Namespace) -> None:
             if slot.owner and isinstance(v, torch.Tensor) and v.numel() == slot.numel and slot.numel:
                 slices[f"{slot.name}/{k}@{slot.start}"] = v.detach().reshape(-1).clone()
     save_file(slices, os.path.join(args.out, f"slices{r}.safetensors"))
+    # a loader's view: every parameter wiped, this rank's slices written back, then slices_loaded rebuilds the rest
+    held = [(s, s.data.clone()) for s in strategy.model_slices(model)]
+    with torch.no_grad():
+        for p in acc.unwrap_model(model).parameters():
+            if p.untyped_storage().nbytes():
+                p.zero_()
+        for s, data in held:
+            s.data.zero_()
+        for s, data in held:
+            s.data.copy_(data)
+    strategy.slices_loaded(model)
     sd = acc.get_state_dict(model)  # collective (gathers unit by unit under stage 3)
     if acc.is_main_process:
         write(args, losses, sd, {})
