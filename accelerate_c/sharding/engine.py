@@ -1,5 +1,5 @@
 # accelerate_c/sharding/engine.py: the flat-shard engine of one prepared model (ZeRO 1/2/3, FSDP). Units
-# (units.py) each get a flat fp32 buffer padded to a multiple of the world size (flat.py); rank r owns shard r.
+# (units.py) each get a flat buffer padded to a multiple of the world size (flat.py); rank r owns shard r.
 #   stage 1: the full parameters live in one flat buffer (shared memory on one host); every parameter's .grad is a
 #            view into one full flat gradient buffer. A synced backward reduce-scatters (average) each unit's
 #            gradient into its own shard of that buffer (in place) as the unit completes; under no_sync the full
@@ -14,6 +14,8 @@
 # fp32 master shard, whose .grad views the shard gradient (optim_shard.py), so torch's element-wise optimizers and
 # the fused kernels step the shard unchanged. A parameter that no rank used since the last zero_grad gets grad None
 # on its piece (not stepped), as in the single-process loop.
+# Mixed precision (param_dtype): the full parameters, gradients and their reduction use the compute dtype; fp32
+# master shards (`master`, stage 3 `pshard`) are what the optimizer steps, cast into the compute copy after it.
 # Not for: the strategy contract (strategies/sharded.py) or the layout arithmetic (flat.py).
 from __future__ import annotations
 
