@@ -56,7 +56,8 @@ class ShardEngine:
                                       f"{pdt}: gradients are reduced in the compute dtype")
         self.pdt, self.low = pdt, pdt != torch.float32
         self.enabled = True            # False inside no_sync
-        self.used = torch.zeros(len(self.entries))  # this rank produced a gradient since the last zero_grad
+        # this rank produced a gradient since the last zero_grad (on the device: NCCL reduces no CPU tensor)
+        self.used = torch.zeros(len(self.entries), device=comm.device)
         self._fresh = [True] * len(self.units)      # the unit's shard gradient is zero (stages 2/3)
         self._in_pass = False
         self._works: list[tuple[Any, Optional[torch.Tensor], Optional[torch.Tensor]]] = []  # (work, tmp, shard)
@@ -66,11 +67,31 @@ class ShardEngine:
         nb = len(self.units)
         self.counter = _C.BucketCounter([nb - 1 - u.index for u in self.unit_of], max(nb, 1))
         self._handles = [e.param.register_post_accumulate_grad_hook(self._on_grad) for e in self.entries]
+        self._restore: list[tuple[torch.nn.Module, Any]] = []  # (module, its own forward) under checkpointing
         if self.low:  # FSDP's cast_forward_inputs: floating inputs of the root forward in the compute dtype
             self._handles.append(model.register_forward_pre_hook(self._cast_inputs, with_kwargs=True))
+        if config.activation_checkpointing:
+            self._checkpoint_units()
         if self.stage == 3:
             from .zero3 import Zero3Hooks
             self.zero3 = Zero3Hooks(self)
+
+    def _checkpoint_units(self) -> None:
+        """Activation checkpointing per unit (not the root), non-reentrant: each unit's forward keeps only its
+        inputs and is recomputed in backward. The recomputation calls the unit's own forward, not the module, so
+        no forward hook runs again: under stage 3 the unit is already gathered by its pre-backward hook."""
+        from torch.utils.checkpoint import checkpoint
+        for u in self.units:
+            if not u.name:
+                continue
+            inner = u.module.forward
+
+            def forward(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+                if not torch.is_grad_enabled():
+                    return _inner(*args, **kwargs)
+                return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+            u.module.forward = forward
+            self._restore.append((u.module, inner))
 
     def _cast_inputs(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
         def cast(x: Any) -> Any:
@@ -292,6 +313,10 @@ class ShardEngine:
         for h in self._handles:
             h.remove()
         self._handles = []
+        for module, forward in self._restore:
+            if module.__dict__.get("forward") is not None:
+                del module.forward  # back to the class's forward
+        self._restore = []
         if self.zero3 is not None:
             self.zero3.remove()
 

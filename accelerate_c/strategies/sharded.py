@@ -72,8 +72,7 @@ class ShardedDataParallel(BucketedDataParallel):
 
     def _check_config(self) -> None:
         c = self.config
-        unsupported = [(name, v) for name, v in (("activation_checkpointing", c.activation_checkpointing or None),
-                                                  ("cpu_ram_efficient_loading", c.cpu_ram_efficient_loading or None),
+        unsupported = [(name, v) for name, v in (("cpu_ram_efficient_loading", c.cpu_ram_efficient_loading or None),
                                                   ("zero3_init", c.zero3_init or None)) if v is not None]
         if unsupported:
             raise NotImplementedError("sharded engine: not implemented yet: " +

@@ -150,7 +150,8 @@ def distributed(args: argparse.Namespace) -> None:
     acc.strategy.config = dataclasses.replace(acc.strategy.config, auto_wrap_policy=policy,
                                               transformer_layer_cls=cls, min_num_params=min_params,
                                               ignored_modules=(args.ignore,) if args.ignore else (),
-                                              param_dtype=torch.bfloat16 if args.bf16 and mp == "no" else None)
+                                              param_dtype=torch.bfloat16 if args.bf16 and mp == "no" else None,
+                                              activation_checkpointing=args.ac)
     assert acc.strategy.name == "sharded" and acc.strategy.stage == args.stage, (acc.strategy.name, args.stage)
     n, r, kind = acc.num_processes, acc.process_index, args.model
     model = build(kind)
@@ -236,6 +237,7 @@ def main() -> None:
     p.add_argument("--clip", type=float, default=0.0, help="accelerator.clip_grad_norm_ at each synced step")
     p.add_argument("--ds_clip", type=float, default=0.0, help="DeepSpeedPlugin(gradient_clipping=...)")
     p.add_argument("--bf16", action="store_true", help="param_dtype bf16: a bf16 compute copy, fp32 master shards")
+    p.add_argument("--ac", action="store_true", help="activation checkpointing per unit")
     p.add_argument("--ignore", default="", help="ignored_modules: a regex of module names")
     p.add_argument("--emulate", type=int, default=0, help="the single-process reference of N ranks")
     p.add_argument("--out", required=True)
