@@ -269,17 +269,36 @@ class ShardEngine:
         self.comm.gather_shards_inplace(self.flat, [(u.fbase, u.shard) for u in self.units])
 
     @torch.no_grad()
-    def zero_grad(self) -> None:
-        if self.stage == 1:
-            self.gfull.zero_()
-            for e, v in zip(self.entries, self.gviews):
-                e.param.grad = v
-        else:
-            self.gshard.zero_()
-            self._fresh = [True] * len(self.units)
-            for e in self.entries:
+    def zero_grad(self, which: Optional[set[int]] = None) -> None:
+        """Zero the gradients of entries `which` (indices; None: all) - an optimizer's own parameters, so that
+        two optimizers over one model zero only their own."""
+        if which is None or len(which) == len(self.entries):
+            if self.stage == 1:
+                self.gfull.zero_()
+                for e, v in zip(self.entries, self.gviews):
+                    e.param.grad = v
+            else:
+                self.gshard.zero_()
+                self._fresh = [True] * len(self.units)
+                for e in self.entries:
+                    e.param.grad = None
+            self.used.zero_()
+            return
+        for i in sorted(which):
+            e, u = self.entries[i], self.unit_of[i]
+            if self.stage == 1:
+                self.gviews[i].zero_()
+                e.param.grad = self.gviews[i]
+            else:
+                a, b = u.shard_slice(e)
+                self.grad_shard(u)[a:b].zero_()
                 e.param.grad = None
-        self.used.zero_()
+            self.used[i] = 0.0
+        if self.stage != 1:  # a unit is fresh (its reduce-scatter may overwrite) only when wholly zeroed
+            for u in self.units:
+                if all(self.index[id(e.param)] in which for e in u.entries):
+                    self.grad_shard(u).zero_()
+                    self._fresh[u.index] = True
 
     # -- state -----------------------------------------------------------------------------------------------
     @torch.no_grad()

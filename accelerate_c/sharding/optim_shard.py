@@ -85,11 +85,13 @@ class ShardedParams:
             self._g32 = None
         self.engine.after_step()
 
-    def zero_grad(self) -> None:
-        self.engine.zero_grad()
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """Zero the shard gradients of this optimizer's parameters (only theirs)."""
+        which = {self.of_piece[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in self.of_piece}
+        self.engine.zero_grad(which)
         if not self.engine.low:
-            for piece, g in zip(self.pieces, self.grads):
-                piece.grad = g
+            for i in which:
+                self.pieces[i].grad = self.grads[i]
 
     @torch.no_grad()
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float,

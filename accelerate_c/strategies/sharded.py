@@ -169,7 +169,7 @@ class ShardedDataParallel(BucketedDataParallel):
             return super().zero_grad(optimizer, set_to_none)
         mine = self._sharded_for(optimizer)
         for sp in mine:
-            sp.zero_grad()
+            sp.zero_grad(optimizer)
         if not mine:
             return False
         sharded = {id(p) for sp in mine for p in sp.pieces}

@@ -57,8 +57,16 @@ def loss_of(kind: str, model: torch.nn.Module, xb: torch.Tensor, yb: torch.Tenso
     return model(input_ids=xb, labels=yb).loss
 
 
-def make_optimizer(model: torch.nn.Module, kind: str) -> torch.optim.Optimizer:
+def make_optimizers(model: torch.nn.Module, kind: str, two: bool) -> list:
+    """One optimizer, or two over halves of the parameters (stepped and zeroed one after the other: the second
+    steps after the first zeroed its own gradients)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    if not two:
+        return [make_optimizer(params, kind)]
+    return [make_optimizer(params[:len(params) // 2], kind), make_optimizer(params[len(params) // 2:], kind)]
+
+
+def make_optimizer(params: list, kind: str) -> torch.optim.Optimizer:
     if kind == "sgd":
         return torch.optim.SGD(params, lr=0.05, momentum=0.9)
     # two groups with different hyperparameters: a unit spans both
@@ -79,9 +87,9 @@ def eval_loss(kind: str, model: torch.nn.Module, bf16: bool = False) -> float:
     return out
 
 
-def optim_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
+def optim_state(model: torch.nn.Module, opts: list) -> dict:
     names = {id(p): n for n, p in model.named_parameters()}
-    return {f"{names[id(p)]}/{k}": v.detach().clone() for p, st in opt.state.items()
+    return {f"{names[id(p)]}/{k}": v.detach().clone() for opt in opts for p, st in opt.state.items()
             for k, v in st.items() if isinstance(v, torch.Tensor) and v.numel() == p.numel()}
 
 
@@ -95,7 +103,7 @@ def emulate(args: argparse.Namespace) -> None:
         for name, b in model.named_buffers():
             b.copy_(per_rank[r][name])
 
-    opt = make_optimizer(model, args.optim)
+    opts = make_optimizers(model, args.optim, args.two_opt)
     clip = args.clip or args.ds_clip
     synced_prev, losses = True, []
     for m in range(args.steps * args.grad_accum):
@@ -126,10 +134,11 @@ def emulate(args: argparse.Namespace) -> None:
         if sync:
             if clip:
                 torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip)
-            opt.step()
-            opt.zero_grad()
+            for opt in opts:
+                opt.step()
+                opt.zero_grad()
     load(0)
-    write(args, losses + [eval_loss(kind, model, args.bf16)], model.state_dict(), optim_state(model, opt))
+    write(args, losses + [eval_loss(kind, model, args.bf16)], model.state_dict(), optim_state(model, opts))
 
 
 def distributed(args: argparse.Namespace) -> None:
@@ -155,7 +164,7 @@ def distributed(args: argparse.Namespace) -> None:
     assert acc.strategy.name == "sharded" and acc.strategy.stage == args.stage, (acc.strategy.name, args.stage)
     n, r, kind = acc.num_processes, acc.process_index, args.model
     model = build(kind)
-    model, opt = acc.prepare(model, make_optimizer(model, args.optim))
+    model, *opts = acc.prepare(model, *make_optimizers(model, args.optim, args.two_opt))
     losses, per_step = [], []
     for m in range(args.steps * args.grad_accum):
         xb, yb = batch(kind, m, args.global_batch)
@@ -164,8 +173,9 @@ def distributed(args: argparse.Namespace) -> None:
             acc.backward(loss)
             if acc.sync_gradients and args.clip:
                 acc.clip_grad_norm_(model.parameters(), args.clip)
-            opt.step()
-            opt.zero_grad()
+            for opt in opts:
+                opt.step()
+                opt.zero_grad()
         if acc.sync_gradients:
             per_step.append(acc.strategy.bytes_last_step)
         losses.append(acc.reduce(loss.detach(), reduction="mean").item())
@@ -178,7 +188,7 @@ def distributed(args: argparse.Namespace) -> None:
         acc.wait_for_everyone()
         acc.end_training()
         return
-    state_bytes = strategy.model_state_bytes([opt])
+    state_bytes = strategy.model_state_bytes(opts)
     engine = strategy.engines[0]
     stats = {"bytes_per_step": per_step, "model_state_bytes": state_bytes,
              "padded": sum(u.padded for u in engine.units), "numel": sum(u.numel for u in engine.units),
@@ -188,13 +198,14 @@ def distributed(args: argparse.Namespace) -> None:
     with open(os.path.join(args.out, f"stats{r}.json"), "w") as f:
         json.dump(stats, f)
     slices = {f"{s.name}@{s.start}": s.data.clone() for s in strategy.model_slices(model) if s.owner and s.numel}
-    inner = opt.optimizer
-    flat = [p for g in inner.param_groups for p in g["params"]]
-    for slot in strategy.optimizer_layout(opt, model):
-        st = inner.state.get(flat[slot.index], {})
-        for k, v in st.items():
-            if slot.owner and isinstance(v, torch.Tensor) and v.numel() == slot.numel and slot.numel:
-                slices[f"{slot.name}/{k}@{slot.start}"] = v.detach().reshape(-1).clone()
+    for opt in opts:
+        inner = opt.optimizer
+        flat = [p for g in inner.param_groups for p in g["params"]]
+        for slot in strategy.optimizer_layout(opt, model):
+            st = inner.state.get(flat[slot.index], {})
+            for k, v in st.items():
+                if slot.owner and isinstance(v, torch.Tensor) and v.numel() == slot.numel and slot.numel:
+                    slices[f"{slot.name}/{k}@{slot.start}"] = v.detach().reshape(-1).clone()
     save_file(slices, os.path.join(args.out, f"slices{r}.safetensors"))
     # a loader's view: every parameter wiped, this rank's slices written back, then slices_loaded rebuilds the rest
     held = [(s, s.data.clone()) for s in strategy.model_slices(model)]
@@ -237,6 +248,7 @@ def main() -> None:
     p.add_argument("--clip", type=float, default=0.0, help="accelerator.clip_grad_norm_ at each synced step")
     p.add_argument("--ds_clip", type=float, default=0.0, help="DeepSpeedPlugin(gradient_clipping=...)")
     p.add_argument("--bf16", action="store_true", help="param_dtype bf16: a bf16 compute copy, fp32 master shards")
+    p.add_argument("--two_opt", action="store_true", help="two optimizers over halves of the parameters")
     p.add_argument("--ac", action="store_true", help="activation checkpointing per unit")
     p.add_argument("--ignore", default="", help="ignored_modules: a regex of module names")
     p.add_argument("--emulate", type=int, default=0, help="the single-process reference of N ranks")
