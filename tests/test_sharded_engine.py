@@ -63,15 +63,21 @@ CASES = [  # model, face, stage, nproc, extra args
     ("mlp", "ds", 1, 2, ["--wrap", "size"]),
     ("mlp", "fsdp", 2, 2, ["--wrap", "size"]),
     ("mlp", "ds", 3, 2, ["--wrap", "size"]),
+    ("mlp", "fsdp", 3, 2, ["--wrap", "size", "--no_reshard"]),
     ("mlp", "ds", 1, 2, ["--wrap", "size", "--bf16"]),
     ("mlp", "fsdp", 3, 2, ["--wrap", "size", "--bf16", "--grad_accum", "2"]),
 ]
 
 
-@pytest.mark.parametrize("model,face,stage,nproc,extra", CASES, ids=[f"{c[0]}-{c[1]}-z{c[2]}-n{c[3]}" + ("-bf16" * ("--bf16" in c[4])) for c in CASES])
+def _id(case: tuple) -> str:
+    flags = "".join(f"-{a[2:]}" for a in case[4] if a in ("--bf16", "--no_reshard", "--two_opt", "--ac"))
+    return f"{case[0]}-{case[1]}-z{case[2]}-n{case[3]}{flags}"
+
+
+@pytest.mark.parametrize("model,face,stage,nproc,extra", CASES, ids=[_id(c) for c in CASES])
 def test_stage_trains_like_one_process(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra):
     args = ["--model", model, "--global_batch", str(4 * nproc)] + extra
-    ref_args = [a for a in args if a not in ("--ignore", "head", "--ac")]  # neither changes the math
+    ref_args = [a for a in args if a not in ("--ignore", "head", "--ac", "--no_reshard")]  # no change to the math
     ref = _reference(run, tmp_path_factory, ref_args, nproc)
     bf16 = "--bf16" in extra
     tol = 2e-3 if bf16 else 1e-5  # bf16: gradients reduced in bf16 against the reference's fp32 sums
@@ -106,9 +112,10 @@ def test_stage_trains_like_one_process(run, tmp_path, tmp_path_factory, model, f
     esize = 2 if bf16 else 4  # the collectives move the compute dtype
     for s in stats:  # counted bytes: stages 2/3 reduce (and stage 3 gathers twice) every micro-batch
         if "--two_opt" not in extra:  # (per optimizer step: two optimizers split the window)
-            expected = (3 * ga if stage == 3 else 2 if stage == 1 else 1 + ga) * esize * psi
+            z3 = 2 * ga if "--no_reshard" in extra else 3 * ga  # kept gathered from forward to backward: 2Ψ
+            expected = (z3 if stage == 3 else 2 if stage == 1 else 1 + ga) * esize * psi
             assert s["bytes_per_step"] == [expected] * len(s["bytes_per_step"]), (s["bytes_per_step"], expected)
-        if model != "mlp":
+        if model != "mlp" or "--no_reshard" in extra:  # (all units gathered at once between forward and backward)
             continue
         # the ZeRO formulas, on a model of 24 equal units (Z3: plus one unit)
         unit = esize * s["max_unit_padded"]
