@@ -13,10 +13,14 @@
 # under no_grad after training.
 # Not for: the unit/layout arithmetic alone (test_sharded_units.py).
 import json
+import os
+import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from conftest import SCRIPTS, Job, clean_env, describe_all, finish_all, free_port
 
 _REFS: dict = {}
 
@@ -77,13 +81,37 @@ def _id(case: tuple) -> str:
 @pytest.mark.parametrize("model,face,stage,nproc,extra", CASES, ids=[_id(c) for c in CASES])
 def test_stage_trains_like_one_process(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra):
     args = ["--model", model, "--global_batch", str(4 * nproc)] + extra
-    ref_args = [a for a in args if a not in ("--ignore", "head", "--ac", "--no_reshard")]  # no change to the math
-    ref = _reference(run, tmp_path_factory, ref_args, nproc)
-    bf16 = "--bf16" in extra
-    tol = 2e-3 if bf16 else 1e-5  # bf16: gradients reduced in bf16 against the reference's fp32 sums
+    ref = _reference(run, tmp_path_factory, _ref_args(args), nproc)
     got = tmp_path / "got"
     run("sharded_train.py", args + ["--face", face, "--stage", str(stage), "--out", str(got)], nproc=nproc,
         launcher="accelerate_c", timeout=180)
+    _check(ref, got, model, stage, nproc, extra)
+
+
+def _ref_args(args: list) -> list:
+    return [a for a in args if a not in ("--ignore", "head", "--ac", "--no_reshard", "--hybrid")]  # same math
+
+
+def test_hybrid_shard_across_hosts(run, tmp_path, tmp_path_factory):
+    """HYBRID_SHARD on two "machines" (two launchers on loopback, 2 ranks each): sharded within a host over shared
+    memory, each shard gradient averaged across the hosts; every host holds all shards, the first writes them."""
+    extra = ["--wrap", "layer", "--grad_accum", "2", "--hybrid"]
+    args = ["--model", "gpt2", "--global_batch", "16"] + extra
+    ref = _reference(run, tmp_path_factory, _ref_args(args), 4)
+    got, port = tmp_path / "got", str(free_port())
+    env = clean_env(ACCELERATE_C_RDZV_TIMEOUT="60")
+    jobs = [Job([sys.executable, "-m", "accelerate_c", "launch", "-q", "--cpu", "--num_processes", "4",
+                 "--num_machines", "2", "--machine_rank", m, "--main_process_ip", "127.0.0.1", "--main_process_port",
+                 port, os.path.join(SCRIPTS, "sharded_train.py"), *args, "--face", "fsdp", "--stage", "3",
+                 "--out", got], tmp_path / "logs", f"machine{m}", env) for m in (0, 1)]
+    results = finish_all(jobs, 240)
+    assert all(rc == 0 for rc, _, _ in results), describe_all(jobs)
+    _check(ref, got, "gpt2", 3, 4, extra, shard_ranks=2)
+
+
+def _check(ref, got, model, stage, nproc, extra, shard_ranks=None):
+    bf16 = "--bf16" in extra
+    tol = 2e-3 if bf16 else 1e-5  # bf16: gradients reduced in bf16 against the reference's fp32 sums
     la, lb = json.loads((ref / "losses.json").read_text()), json.loads((got / "losses.json").read_text())
     assert len(la) == len(lb) > 0
     for i, (x, y) in enumerate(zip(la, lb)):
@@ -114,6 +142,8 @@ def test_stage_trains_like_one_process(run, tmp_path, tmp_path_factory, model, f
         if "--two_opt" not in extra:  # (per optimizer step: two optimizers split the window)
             z3 = 2 * ga if "--no_reshard" in extra else 3 * ga  # kept gathered from forward to backward: 2Ψ
             expected = (z3 if stage == 3 else 2 if stage == 1 else 1 + ga) * esize * psi
+            if shard_ranks:  # HYBRID_SHARD: plus each reduced shard all-reduced across the hosts
+                expected += ga * esize * psi // shard_ranks
             assert s["bytes_per_step"] == [expected] * len(s["bytes_per_step"]), (s["bytes_per_step"], expected)
         if model != "mlp" or "--no_reshard" in extra:  # (all units gathered at once between forward and backward)
             continue

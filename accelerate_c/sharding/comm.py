@@ -17,10 +17,17 @@ KINDS = ("reduce_scatter", "all_gather", "all_reduce", "control")
 
 
 class ShardComm:
-    def __init__(self, group: Any, device: torch.device) -> None:
+    """`group`: the ranks a unit is sharded over. HYBRID_SHARD: `group` is this host's ranks, `cross` the torch
+    process group of the ranks holding the same shard on the other hosts (`replicas` of them, this one `replica`),
+    over which each reduced shard gradient is averaged again; `world` the group of every rank (the used mask)."""
+
+    def __init__(self, group: Any, device: torch.device, cross: Optional[Any] = None, replicas: int = 1,
+                 replica: int = 0, world: Optional[Any] = None) -> None:
         self.group = group
         self.device = device
         self.rank, self.size = group.rank, group.size
+        self.cross, self.replicas, self.replica = cross, replicas, replica
+        self.world = world if world is not None else group
         host = group.host_group() if device.type == "cpu" else None
         # the shared-memory group of all our ranks (None across hosts or with the torch transport)
         self.shm: Optional[Any] = host if host is not None and host.size == group.size and hasattr(host, "parts") else None
@@ -70,9 +77,19 @@ class ShardComm:
         self._count("all_gather", out)
         self.group.all_gather(out, inp)
 
-    def all_reduce(self, t: torch.Tensor, op: str = "sum", control: bool = False) -> torch.Tensor:
+    def all_reduce(self, t: torch.Tensor, op: str = "sum", control: bool = False, world: bool = False) -> torch.Tensor:
+        """Over the shard group (world=True: over every rank, e.g. across HYBRID_SHARD's replicas)."""
         self._count("control" if control else "all_reduce", t)
-        return self.group.all_reduce(t, op)
+        return (self.world if world else self.group).all_reduce(t, op)
+
+    def finish_reduce(self, shard: torch.Tensor) -> None:
+        """HYBRID_SHARD: a shard gradient averaged within the host is averaged over the replicas too."""
+        if self.cross is None or not shard.numel():
+            return
+        import torch.distributed as dist
+        self._count("all_reduce", shard)
+        dist.all_reduce(shard, group=self.cross)
+        shard.div_(self.replicas)
 
     @torch.no_grad()
     def gather_shards_inplace(self, full: torch.Tensor, ranges: list[tuple[int, int]]) -> None:

@@ -209,6 +209,7 @@ class ShardEngine:
         for work, tmp, shard in works:
             if work is not None:
                 work.wait()
+            self.comm.finish_reduce(tmp if tmp is not None else shard)
             if tmp is not None:
                 shard.add_(tmp)
         if self.stage != 1:
@@ -224,8 +225,9 @@ class ShardEngine:
         comm = self.comm
         if self.stage == 1:
             # in place: the averaged shard lands in our own slice of the full gradient buffer
-            w = comm.reduce_scatter_async(self.grad_shard(u), self.gfull[u.fbase:u.fbase + u.padded], "avg")
-            self._works.append((w, None, None))
+            out = self.grad_shard(u)
+            w = comm.reduce_scatter_async(out, self.gfull[u.fbase:u.fbase + u.padded], "avg")
+            self._works.append((w, None, out))
             return
         k = self._next_staging
         self._next_staging = (k + 1) % len(self.staging)
@@ -237,7 +239,7 @@ class ShardEngine:
         if self._fresh[u.index]:
             w = comm.reduce_scatter_async(out, staging, "avg")
             self._fresh[u.index] = False
-            self._works.append((w, None, None))
+            self._works.append((w, None, out))
         else:  # accumulation: a second backward before zero_grad
             tmp = torch.empty_like(out)
             w = comm.reduce_scatter_async(tmp, staging, "avg")
@@ -252,7 +254,7 @@ class ShardEngine:
     def global_used(self) -> list[bool]:
         """Which parameters some rank produced a gradient for since the last zero_grad (collective)."""
         used = self.used.clone()
-        self.comm.all_reduce(used, "max", control=True)
+        self.comm.all_reduce(used, "max", control=True, world=True)
         return (used > 0).tolist()
 
     @torch.no_grad()

@@ -6,7 +6,8 @@
 # step) on the shard, preceded by the used-parameter mask and DeepSpeed's gradient_clipping, followed by the
 # all-gather of the updated shards (stages 1/2). Parameters kept out of the units (ignored_modules) are averaged
 # after each synced backward as DDP's reference path does; frozen ones are left alone. Buffers follow DDP's
-# broadcast_buffers rule (the same wrapper).
+# broadcast_buffers rule (the same wrapper). HYBRID_SHARD across hosts shards over a host's ranks and averages each
+# shard gradient across hosts (_hybrid_comm).
 # Not for: the engine's buffers and hooks (sharding/), the plugins (utils/sharding_plugins.py) or checkpoint files.
 from __future__ import annotations
 
@@ -99,11 +100,36 @@ class ShardedDataParallel(BucketedDataParallel):
             device = self.state.device
             cpu_shm = device.type == "cpu" and self.config.transport != "torch"
             group = get_group() if cpu_shm else TorchGroup()
-            if self.config.hybrid and group.host_group() is not None and group.host_group().size != group.size:
-                raise NotImplementedError("HYBRID_SHARD across hosts is not implemented yet (within one host it is "
-                                          "FULL_SHARD / SHARD_GRAD_OP)")
-            self.comm = ShardComm(group, device)
+            host = group.host_group()
+            if self.config.hybrid and host is not None and host.size != group.size:
+                self.comm = self._hybrid_comm(group, host, device)
+            else:
+                self.comm = ShardComm(group, device)
         return self.comm
+
+    def _hybrid_comm(self, world: Any, host: Any, device: torch.device) -> Any:
+        """HYBRID_SHARD across hosts: shard over this host's ranks (shared memory), replicate across hosts: the ranks
+        with the same local index on every host form a torch process group (collective: every rank creates every
+        such group, in the same order)."""
+        import torch.distributed as dist
+        from ..comm import host_id
+        from ..sharding.comm import ShardComm
+        hosts: list = [None] * world.size
+        dist.all_gather_object(hosts, host_id())
+        order = list(dict.fromkeys(hosts))
+        members = {h: [r for r, x in enumerate(hosts) if x == h] for h in order}
+        sizes = {len(m) for m in members.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"HYBRID_SHARD needs the same number of processes on every host; got "
+                             f"{ {h: len(m) for h, m in members.items()} }")
+        local = sizes.pop()
+        cross = None
+        for i in range(local):
+            g = dist.new_group([members[h][i] for h in order])
+            if i == members[hosts[world.rank]].index(world.rank):
+                cross = g
+        return ShardComm(host, device, cross=cross, replicas=len(order), replica=order.index(hosts[world.rank]),
+                         world=world)
 
     # -- preparation -------------------------------------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
@@ -243,9 +269,10 @@ class ShardedDataParallel(BucketedDataParallel):
                 continue
             i = engine.index[id(byname[k])]
             e, u = engine.entries[i], engine.unit_of[i]
-            if e.piece_numel:
+            if e.piece_numel:  # (HYBRID_SHARD: every host holds the shards; the first one writes them)
                 a, b = u.shard_slice(e)
-                out.append(TensorSlice(k, e.shape, torch.float32, e.lo, engine.master_shard(u)[a:b]))
+                out.append(TensorSlice(k, e.shape, torch.float32, e.lo, engine.master_shard(u)[a:b],
+                                       owner=engine.comm.replica == 0))
         return out
 
     def optimizer_layout(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list:
@@ -265,7 +292,8 @@ class ShardedDataParallel(BucketedDataParallel):
             hit = sp.slot(p)
             if hit is not None:
                 e = hit[0]
-                out.append(ParamSlot(i, e.name, e.shape, e.lo, e.piece_numel, (e.piece_numel,)))
+                out.append(ParamSlot(i, e.name, e.shape, e.lo, e.piece_numel, (e.piece_numel,),
+                                     owner=engine.comm.replica == 0))
             elif id(p) in names:
                 n = names[id(p)]
                 out.append(ParamSlot(i, n, tuple(p.shape), 0, p.numel(), tuple(p.shape),

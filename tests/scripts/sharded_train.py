@@ -146,6 +146,8 @@ def distributed(args: argparse.Namespace) -> None:
     from accelerate_c.utils.sharding_plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
     if args.face == "fsdp":
         name = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}[args.stage]
+        if args.hybrid:
+            name = {2: "HYBRID_SHARD_ZERO2", 3: "HYBRID_SHARD"}[args.stage]
         plugins = {"fsdp_plugin": FullyShardedDataParallelPlugin(sharding_strategy=name,
                                                                  reshard_after_forward=not args.no_reshard)}
     else:
@@ -250,6 +252,7 @@ def main() -> None:
     p.add_argument("--ds_clip", type=float, default=0.0, help="DeepSpeedPlugin(gradient_clipping=...)")
     p.add_argument("--bf16", action="store_true", help="param_dtype bf16: a bf16 compute copy, fp32 master shards")
     p.add_argument("--two_opt", action="store_true", help="two optimizers over halves of the parameters")
+    p.add_argument("--hybrid", action="store_true", help="FSDP HYBRID_SHARD(_ZERO2): shard in a host, replicate across")
     p.add_argument("--no_reshard", action="store_true", help="FSDP reshard_after_forward=False")
     p.add_argument("--ac", action="store_true", help="activation checkpointing per unit")
     p.add_argument("--ignore", default="", help="ignored_modules: a regex of module names")
