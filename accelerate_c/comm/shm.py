@@ -222,6 +222,9 @@ class ShmGroup:
     def raw_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
         _C.shm_all_gather(self._h, input, output)
 
+    def raw_reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> None:
+        _C.shm_reduce_scatter(self._h, input, output, _op_code(op))
+
     def all_reduce_async(self, tensor: torch.Tensor, op: Any = "sum") -> ShmWork:
         """Queues an in-place all-reduce on the group's C worker thread (no GIL, issue order) and returns at
         once; wait() on the result before touching `tensor`. Synchronous collectives on this group wait for

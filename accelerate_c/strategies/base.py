@@ -241,6 +241,10 @@ class Strategy:
         return [ParamSlot(i, names[id(p)], tuple(p.shape), 0, p.numel(), tuple(p.shape),
                           owner=owners[names[id(p)]] == self.state.process_index) for i, p in enumerate(params)]
 
+    def slices_loaded(self, model: torch.nn.Module) -> None:
+        """Called (on every rank) after a checkpoint loader wrote into this rank's `model_slices(model)`: rebuild
+        whatever derives from them (the sharded strategy re-gathers full parameters; nothing here)."""
+
     def close(self) -> None:
         """Release communication resources (end_training)."""
 

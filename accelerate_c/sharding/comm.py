@@ -1,0 +1,116 @@
+# accelerate_c/sharding/comm.py: the sharded engine's collectives, on an accelerate_c.comm group, each counting
+# the bytes it moves (ShardComm.bytes, per kind). Accounting: a reduce-scatter counts its input (the unit's
+# padded full buffer), an all-gather its output (the same), an all-reduce its tensor; "control" all-reduces (the
+# used-parameter mask, the clipping norm) are counted apart from the model's. So per step, with Ψ the padded
+# number of trainable elements times their size, ZeRO-1/2 move 2Ψ (reduce-scatter + all-gather), ZeRO-3 3Ψ
+# (all-gather for forward, again for backward, reduce-scatter).
+# The stage 1/2 all-gather happens in place in shared memory when every rank is on this host: each rank reads its
+# peers' updated shards straight from their parts of the region (no staging copy), between two barriers.
+# Not for: the transports themselves (accelerate_c/comm) or which buffers move when (engine.py).
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+KINDS = ("reduce_scatter", "all_gather", "all_reduce", "control")
+
+
+class ShardComm:
+    """`group`: the ranks a unit is sharded over. HYBRID_SHARD: `group` is this host's ranks, `cross` the torch
+    process group of the ranks holding the same shard on the other hosts (`replicas` of them, this one `replica`),
+    over which each reduced shard gradient is averaged again; `world` the group of every rank (the used mask)."""
+
+    def __init__(self, group: Any, device: torch.device, cross: Optional[Any] = None, replicas: int = 1,
+                 replica: int = 0, world: Optional[Any] = None) -> None:
+        self.group = group
+        self.device = device
+        self.rank, self.size = group.rank, group.size
+        self.cross, self.replicas, self.replica = cross, replicas, replica
+        self.world = world if world is not None else group
+        host = group.host_group() if device.type == "cpu" else None
+        # the shared-memory group of all our ranks (None across hosts or with the torch transport)
+        self.shm: Optional[Any] = host if host is not None and host.size == group.size and hasattr(host, "parts") else None
+        self.bytes = {k: 0 for k in KINDS}
+        self.calls = {k: 0 for k in KINDS}
+
+    def _count(self, kind: str, t: torch.Tensor) -> None:
+        self.bytes[kind] += t.numel() * t.element_size()
+        self.calls[kind] += 1
+
+    def model_bytes(self) -> int:
+        """Bytes moved so far by the collectives on model tensors (everything but control)."""
+        return self.bytes["reduce_scatter"] + self.bytes["all_gather"] + self.bytes["all_reduce"]
+
+    def alloc(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A zeroed 1-D buffer: in the shared segment when the transport has one (collectives on it are
+        zero-copy), else ordinary memory on the device."""
+        if self.shm is not None:
+            return self.group.alloc(numel, dtype)
+        return torch.zeros(numel, dtype=dtype, device=self.device)
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: str = "avg") -> None:
+        self._count("reduce_scatter", inp)
+        self.group.reduce_scatter(out, inp, op)
+
+    def reduce_scatter_async(self, out: torch.Tensor, inp: torch.Tensor, op: str = "avg") -> Optional[Any]:
+        """Starts the reduce-scatter on the shared-memory group's worker thread (the C call drops the GIL, so
+        backward goes on meanwhile) and returns its Work; None when it already ran synchronously (no shm).
+        Neither tensor may be touched before wait(); later collectives on the group queue behind it."""
+        self._count("reduce_scatter", inp)
+        if self.shm is None:
+            self.group.reduce_scatter(out, inp, op)
+            return None
+        shm = self.shm
+        return shm.submit(lambda: shm.raw_reduce_scatter(out, inp, op))
+
+    def all_gather_async(self, out: torch.Tensor, inp: torch.Tensor) -> Optional[Any]:
+        """As reduce_scatter_async, for an all-gather."""
+        self._count("all_gather", out)
+        if self.shm is None:
+            self.group.all_gather(out, inp)
+            return None
+        shm = self.shm
+        return shm.submit(lambda: shm.raw_all_gather(out, inp))
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
+        self._count("all_gather", out)
+        self.group.all_gather(out, inp)
+
+    def all_reduce(self, t: torch.Tensor, op: str = "sum", control: bool = False, world: bool = False) -> torch.Tensor:
+        """Over the shard group (world=True: over every rank, e.g. across HYBRID_SHARD's replicas)."""
+        self._count("control" if control else "all_reduce", t)
+        return (self.world if world else self.group).all_reduce(t, op)
+
+    def finish_reduce(self, shard: torch.Tensor) -> None:
+        """HYBRID_SHARD: a shard gradient averaged within the host is averaged over the replicas too."""
+        if self.cross is None or not shard.numel():
+            return
+        import torch.distributed as dist
+        self._count("all_reduce", shard)
+        dist.all_reduce(shard, group=self.cross)
+        shard.div_(self.replicas)
+
+    @torch.no_grad()
+    def gather_shards_inplace(self, full: torch.Tensor, ranges: list[tuple[int, int]]) -> None:
+        """`full` holds, at each (start, shard) of `ranges`, a unit of size * shard elements of which this rank
+        updated its own shard [start + rank * shard, +shard): afterwards every rank's `full` holds every shard."""
+        for start, shard in ranges:
+            self._count("all_gather", full[start:start + shard * self.size])
+        if self.shm is not None:
+            parts = self.shm.parts(full)
+            self.shm.barrier()  # every rank has written its shard
+            for start, shard in ranges:
+                for q in range(self.size):
+                    if q != self.rank and shard:
+                        a = start + q * shard
+                        full[a:a + shard].copy_(parts[q][a:a + shard])
+            self.shm.barrier()  # nobody writes its shard again while a peer still reads it
+            return
+        for start, shard in ranges:
+            if shard:
+                own = full[start + self.rank * shard:start + (self.rank + 1) * shard].clone()
+                self.group.all_gather(full[start:start + shard * self.size], own)
+
+    def barrier(self) -> None:
+        self.group.barrier()

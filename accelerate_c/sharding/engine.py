@@ -1,0 +1,353 @@
+# accelerate_c/sharding/engine.py: the flat-shard engine of one prepared model (ZeRO 1/2/3, FSDP). Units
+# (units.py) each get a flat buffer padded to a multiple of the world size (flat.py); rank r owns shard r.
+#   stage 1: the full parameters live in one flat buffer (shared memory on one host); every parameter's .grad is a
+#            view into one full flat gradient buffer. A synced backward reduce-scatters (average) each unit's
+#            gradient into its own shard of that buffer (in place) as the unit completes; under no_sync the full
+#            gradient accumulates locally. The optimizer steps the shard; the shards are then all-gathered.
+#   stage 2: as 1, but no full gradient buffer: as each unit's gradients are complete (post-accumulate-grad hooks,
+#            in a fixed unit order on every rank) they are packed into one unit-sized staging buffer,
+#            reduce-scattered into the unit's shard gradient (accumulating: also under no_sync, as DeepSpeed's and
+#            FSDP's sharded accumulation) and the parameters' .grad freed.
+#   stage 3: as 2, and the parameters themselves are sharded: zero3.py gathers a unit before its forward and its
+#            backward and frees it after.
+# Every optimizer parameter that belongs to a unit is replaced by a 1-D Parameter viewing its piece of this rank's
+# fp32 master shard, whose .grad views the shard gradient (optim_shard.py), so torch's element-wise optimizers and
+# the fused kernels step the shard unchanged. A parameter that no rank used since the last zero_grad gets grad None
+# on its piece (not stepped), as in the single-process loop.
+# Mixed precision (param_dtype): the full parameters, gradients and their reduction use the compute dtype; fp32
+# master shards (`master`, stage 3 `pshard`) are what the optimizer steps, cast into the compute copy after it.
+# Not for: the strategy contract (strategies/sharded.py) or the layout arithmetic (flat.py).
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .. import _C
+from .comm import ShardComm
+from .flat import FlatEntry, FlatUnit
+from .units import build_units
+
+
+class ShardEngine:
+    def __init__(self, model: torch.nn.Module, config: Any, comm: ShardComm) -> None:
+        self.model, self.config, self.comm = model, config, comm
+        self.stage = int(config.stage)
+        self.rank, self.world = comm.rank, comm.size
+        specs, self.replicated = build_units(model, config.auto_wrap_policy, config.transformer_layer_cls,
+                                             config.min_num_params, config.ignored_modules)
+        self.units = [FlatUnit(i, s.name, s.module, s.params, self.world, self.rank) for i, s in enumerate(specs)]
+        sbase = fbase = 0
+        for u in self.units:
+            u.base, u.fbase = sbase, fbase
+            sbase, fbase = sbase + u.shard, fbase + u.padded
+        self.shard_numel, self.full_numel = sbase, fbase
+        self.entries: list[FlatEntry] = [e for u in self.units for e in u.entries]
+        self.index = {id(e.param): i for i, e in enumerate(self.entries)}
+        self.unit_of = [u for u in self.units for _ in u.entries]
+        for e in self.entries:
+            if e.param.dtype != torch.float32:
+                raise TypeError(f"sharded engine: parameter {e.name} is {e.param.dtype}; the master shards are fp32 "
+                                "(build the model in fp32; a low-precision compute copy is param_dtype's job)")
+        # mixed precision: parameters, gradients and their reduction in the compute dtype, fp32 master shards
+        pdt = config.param_dtype or torch.float32
+        if config.reduce_dtype is not None and config.reduce_dtype != pdt:
+            raise NotImplementedError(f"sharded engine: reduce_dtype={config.reduce_dtype} differs from param_dtype="
+                                      f"{pdt}: gradients are reduced in the compute dtype")
+        self.pdt, self.low = pdt, pdt != torch.float32
+        self.enabled = True            # False inside no_sync
+        # this rank produced a gradient since the last zero_grad (on the device: NCCL reduces no CPU tensor)
+        self.used = torch.zeros(len(self.entries), device=comm.device)
+        self._fresh = [True] * len(self.units)      # the unit's shard gradient is zero (stages 2/3)
+        self._in_pass = False
+        self._works: list[tuple[Any, Optional[torch.Tensor], Optional[torch.Tensor]]] = []  # (work, tmp, shard)
+        self.zero3: Optional[Any] = None
+        with torch.no_grad():
+            self._place()
+        nb = len(self.units)
+        self.counter = _C.BucketCounter([nb - 1 - u.index for u in self.unit_of], max(nb, 1))
+        self._handles = [e.param.register_post_accumulate_grad_hook(self._on_grad) for e in self.entries]
+        self._restore: list[tuple[torch.nn.Module, Any]] = []  # (module, its own forward) under checkpointing
+        if self.low:  # FSDP's cast_forward_inputs: floating inputs of the root forward in the compute dtype
+            self._handles.append(model.register_forward_pre_hook(self._cast_inputs, with_kwargs=True))
+        if config.activation_checkpointing:
+            self._checkpoint_units()
+        if self.stage == 3:
+            from .zero3 import Zero3Hooks
+            self.zero3 = Zero3Hooks(self)
+
+    def _checkpoint_units(self) -> None:
+        """Activation checkpointing per unit (not the root), non-reentrant: each unit's forward keeps only its
+        inputs and is recomputed in backward. The recomputation calls the unit's own forward, not the module, so
+        no forward hook runs again: under stage 3 the unit is already gathered by its pre-backward hook."""
+        from torch.utils.checkpoint import checkpoint
+        for u in self.units:
+            if not u.name:
+                continue
+            inner = u.module.forward
+
+            def forward(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+                if not torch.is_grad_enabled():
+                    return _inner(*args, **kwargs)
+                return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+            u.module.forward = forward
+            self._restore.append((u.module, inner))
+
+    def _cast_inputs(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
+        def cast(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != self.pdt:
+                return x.to(self.pdt)
+            if isinstance(x, (list, tuple)):
+                return type(x)(cast(v) for v in x)
+            if isinstance(x, dict):
+                return {k: cast(v) for k, v in x.items()}
+            return x
+        return cast(args), cast(kwargs)
+
+    # -- buffers -----------------------------------------------------------------------------------------
+    def _place(self) -> None:
+        comm, pdt = self.comm, self.pdt
+        if self.stage in (1, 2):
+            self.flat = comm.alloc(self.full_numel, pdt)
+            if self.low:
+                self.master = comm.alloc(self.shard_numel)  # fp32 master shards; flat holds the compute copy
+        else:
+            self.pshard = comm.alloc(self.shard_numel)
+            if self.low:
+                self.lshard = comm.alloc(self.shard_numel, pdt)  # the shards' compute copy, what is gathered
+        for u in self.units:
+            f32 = torch.empty(u.padded, dtype=torch.float32, device=comm.device)
+            u.pack(f32, [e.param.data for e in u.entries])
+            if self.stage in (1, 2):
+                full = self.flat[u.fbase:u.fbase + u.padded]
+                full.copy_(f32)
+                if self.low:
+                    self.master[u.base:u.base + u.shard].copy_(f32[u.lo:u.hi])
+            else:
+                self.pshard[u.base:u.base + u.shard].copy_(f32[u.lo:u.hi])
+                if self.low:
+                    self.lshard[u.base:u.base + u.shard].copy_(f32[u.lo:u.hi])
+                full = f32 if not self.low else f32.to(pdt)
+                u.full, u.gathered = full, True
+            for e, v in zip(u.entries, u.views(full)):
+                e.param.data = v
+        if self.stage == 1:
+            self.gfull = comm.alloc(self.full_numel, pdt)
+            self.gviews = [None] * len(self.entries)
+            for u in self.units:
+                for e, v in zip(u.entries, u.views(self.gfull[u.fbase:u.fbase + u.padded])):
+                    if e.param.grad is not None:
+                        v.copy_(e.param.grad)
+                    e.param.grad = v
+                    self.gviews[self.index[id(e.param)]] = v
+        else:
+            self.gshard = comm.alloc(self.shard_numel, pdt)
+            # two unit-sized staging buffers: one unit packs while the previous one's reduce-scatter runs
+            biggest = max((u.padded for u in self.units), default=0)
+            self.staging = [comm.alloc(biggest, pdt) for _ in range(2 if len(self.units) > 1 else 1)]
+            self._staging_work: list[Optional[Any]] = [None] * len(self.staging)
+            self._next_staging = 0
+            for e in self.entries:
+                e.param.grad = None
+
+    def master_shard(self, u: FlatUnit) -> torch.Tensor:
+        """This rank's fp32 master shard of unit u (what the optimizer steps)."""
+        if self.stage == 3:
+            return self.pshard[u.base:u.base + u.shard]
+        if self.low:
+            return self.master[u.base:u.base + u.shard]
+        return self.flat[u.fbase + u.lo:u.fbase + u.hi]
+
+    def gather_source(self, u: FlatUnit) -> torch.Tensor:
+        """Stage 3: what is all-gathered into the unit's full buffer (the compute copy of the shard)."""
+        return (self.lshard if self.low else self.pshard)[u.base:u.base + u.shard]
+
+    def grad_shard(self, u: FlatUnit) -> torch.Tensor:
+        if self.stage == 1:
+            return self.gfull[u.fbase + u.lo:u.fbase + u.hi]
+        return self.gshard[u.base:u.base + u.shard]
+
+    # -- backward ------------------------------------------------------------------------------------------
+    def _on_grad(self, p: torch.Tensor) -> None:
+        i = self.index[id(p)]
+        self.used[i] = 1.0
+        if self.stage == 1:
+            view = self.gviews[i]
+            if p.grad is not view:  # a fresh gradient tensor (the user set grad None): back into the buffer
+                view.copy_(p.grad)
+                p.grad = view
+            if not self.enabled:
+                return
+        self.begin_pass()
+        self._reduce_units(*self.counter.mark(i))
+
+    def begin_pass(self) -> None:
+        """Queues the end-of-backward callback once per backward pass (from inside the pass)."""
+        if not self._in_pass:
+            self._in_pass = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+
+    def _end_of_backward(self) -> None:
+        self._in_pass = False
+        if self.stage != 1 or self.enabled:
+            self._reduce_units(*self.counter.mark_all_remaining())
+        self.counter.reset()
+        self.wait()  # when backward returns, every shard gradient is reduced
+        if self.zero3 is not None:
+            self.zero3.end_of_backward()
+
+    def reset_pass(self) -> None:
+        """Before a backward: forget a pass that raised midway (its end callback never ran)."""
+        if self._in_pass:
+            self._in_pass = False
+            self.counter.reset()
+            self.wait()
+
+    @torch.no_grad()
+    def wait(self) -> None:
+        works, self._works = self._works, []
+        for work, tmp, shard in works:
+            if work is not None:
+                work.wait()
+            self.comm.finish_reduce(tmp if tmp is not None else shard)
+            if tmp is not None:
+                shard.add_(tmp)
+        if self.stage != 1:
+            self._staging_work = [None] * len(self.staging)
+
+    @torch.no_grad()
+    def _reduce_units(self, first: int, end: int) -> None:
+        nb = len(self.units)
+        for b in range(first, end):
+            self._reduce(self.units[nb - 1 - b])
+
+    def _reduce(self, u: FlatUnit) -> None:
+        comm = self.comm
+        if self.stage == 1:
+            # in place: the averaged shard lands in our own slice of the full gradient buffer
+            out = self.grad_shard(u)
+            w = comm.reduce_scatter_async(out, self.gfull[u.fbase:u.fbase + u.padded], "avg")
+            self._works.append((w, None, out))
+            return
+        k = self._next_staging
+        self._next_staging = (k + 1) % len(self.staging)
+        if self._staging_work[k] is not None:  # peers may read this buffer until its reduce-scatter is done
+            self._staging_work[k].wait()
+        staging = self.staging[k][:u.padded]
+        u.pack(staging, [e.param.grad for e in u.entries])
+        out = self.grad_shard(u)
+        if self._fresh[u.index]:
+            w = comm.reduce_scatter_async(out, staging, "avg")
+            self._fresh[u.index] = False
+            self._works.append((w, None, out))
+        else:  # accumulation: a second backward before zero_grad
+            tmp = torch.empty_like(out)
+            w = comm.reduce_scatter_async(tmp, staging, "avg")
+            self._works.append((w, tmp, out))
+        self._staging_work[k] = w
+        for e in u.entries:
+            e.param.grad = None
+        if self.zero3 is not None:
+            self.zero3.after_reduce(u)
+
+    # -- the step --------------------------------------------------------------------------------------------
+    def global_used(self) -> list[bool]:
+        """Which parameters some rank produced a gradient for since the last zero_grad (collective)."""
+        used = self.used.clone()
+        self.comm.all_reduce(used, "max", control=True, world=True)
+        return (used > 0).tolist()
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        """The updated fp32 master shards into the compute copy (in the same pass as the cast under mixed
+        precision) and, stages 1/2, every rank's updated shards into every rank's full parameters."""
+        if self.stage == 3:
+            if self.low:
+                self.lshard.copy_(self.pshard)
+            return
+        if self.low:
+            for u in self.units:
+                self.flat[u.fbase + u.lo:u.fbase + u.hi].copy_(self.master[u.base:u.base + u.shard])
+        self.comm.gather_shards_inplace(self.flat, [(u.fbase, u.shard) for u in self.units])
+
+    @torch.no_grad()
+    def zero_grad(self, which: Optional[set[int]] = None) -> None:
+        """Zero the gradients of entries `which` (indices; None: all) - an optimizer's own parameters, so that
+        two optimizers over one model zero only their own."""
+        if which is None or len(which) == len(self.entries):
+            if self.stage == 1:
+                self.gfull.zero_()
+                for e, v in zip(self.entries, self.gviews):
+                    e.param.grad = v
+            else:
+                self.gshard.zero_()
+                self._fresh = [True] * len(self.units)
+                for e in self.entries:
+                    e.param.grad = None
+            self.used.zero_()
+            return
+        for i in sorted(which):
+            e, u = self.entries[i], self.unit_of[i]
+            if self.stage == 1:
+                self.gviews[i].zero_()
+                e.param.grad = self.gviews[i]
+            else:
+                a, b = u.shard_slice(e)
+                self.grad_shard(u)[a:b].zero_()
+                e.param.grad = None
+            self.used[i] = 0.0
+        if self.stage != 1:  # a unit is fresh (its reduce-scatter may overwrite) only when wholly zeroed
+            for u in self.units:
+                if all(self.index[id(e.param)] in which for e in u.entries):
+                    self.grad_shard(u).zero_()
+                    self._fresh[u.index] = True
+
+    # -- state -----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def full_params(self) -> dict[int, torch.Tensor]:
+        """id(param) -> a full copy of each unit parameter, gathered unit by unit (collective under stage 3)."""
+        out: dict[int, torch.Tensor] = {}
+        for u in self.units:
+            if self.stage in (1, 2) and not self.low:
+                for e in u.entries:
+                    out[id(e.param)] = e.param.detach()
+                continue
+            # from the fp32 master shards (zero-copy all-gather: the shards sit at the same offset on every rank)
+            full = torch.empty(u.padded, dtype=torch.float32, device=self.comm.device)
+            self.comm.all_gather(full, self.master_shard(u))
+            for e, v in zip(u.entries, u.views(full)):
+                out[id(e.param)] = v
+        return out
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every tensor the engine holds for the model: parameters (full and shards), gradients, staging."""
+        ts = [e.param for e in self.entries] + [p for _, p in self.replicated]
+        ts += [p.grad for _, p in self.replicated if p.grad is not None]
+        for name in ("flat", "master", "pshard", "lshard", "gfull", "gshard"):
+            if hasattr(self, name):
+                ts.append(getattr(self, name))
+        ts += getattr(self, "staging", [])
+        ts += [e.param.grad for e in self.entries if e.param.grad is not None]
+        return ts
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for module, forward in self._restore:
+            if module.__dict__.get("forward") is not None:
+                del module.forward  # back to the class's forward
+        self._restore = []
+        if self.zero3 is not None:
+            self.zero3.remove()
+
+
+def storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind `tensors` (a view counts once with its base)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        s = t.untyped_storage()
+        ptr = s.data_ptr()
+        if ptr:
+            seen[ptr] = max(seen.get(ptr, 0), s.nbytes())
+    return sum(seen.values())

@@ -1,0 +1,126 @@
+# accelerate_c/sharding/optim_shard.py: the optimizer's view of the sharded engine. Each optimizer parameter that
+# belongs to a unit is replaced, in its own param group (so per-group hyperparameters hold, and a unit may span
+# several groups), by a 1-D Parameter viewing its piece of this rank's fp32 master shard (possibly empty); the
+# piece's .grad views the same range of the shard gradient. Any element-wise optimizer (torch's, ours, the fused
+# kernels) then steps the shard unchanged. Before each step the pieces of parameters that no rank used since the
+# last zero_grad get grad None (skipped, as in the single-process loop), and empty pieces always do.
+# Also here: the global gradient norm over the shards (clipping).
+# Not for: moving buffers (engine.py) or choosing how to step (strategies/base.py Strategy.step).
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Optional
+
+import torch
+
+from .engine import ShardEngine
+
+
+class ShardedParams:
+    """The pieces of one engine: piece(p) for an original parameter, and the bookkeeping around the step."""
+
+    def __init__(self, engine: ShardEngine) -> None:
+        self.engine = engine
+        self.pieces: list[torch.nn.Parameter] = []
+        self.grads: list[torch.Tensor] = []
+        self.of_piece: dict[int, int] = {}  # id(piece) -> entry index
+        self._g32: Optional[torch.Tensor] = None  # mixed precision: the fp32 shard gradient, during the step only
+        for i, e in enumerate(engine.entries):
+            u = engine.unit_of[i]
+            a, b = u.shard_slice(e)
+            piece = torch.nn.Parameter(engine.master_shard(u)[a:b], requires_grad=True)
+            grad = engine.grad_shard(u)[a:b]  # in the compute dtype: under mixed precision cast at the step
+            if not engine.low:
+                piece.grad = grad
+            self.pieces.append(piece)
+            self.grads.append(grad)
+            self.of_piece[id(piece)] = i
+
+    def owns(self, optimizer: torch.optim.Optimizer) -> bool:
+        return any(id(p) in self.engine.index or id(p) in self.of_piece
+                   for g in optimizer.param_groups for p in g["params"])
+
+    def shard_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Replaces the unit parameters in the optimizer's groups by their pieces (state sliced along)."""
+        index = self.engine.index
+        for group in optimizer.param_groups:
+            new = []
+            for p in group["params"]:
+                i = index.get(id(p))
+                if i is None:
+                    new.append(p)
+                    continue
+                piece = self.pieces[i]
+                st = optimizer.state.pop(p, None)
+                if st:
+                    e = self.engine.entries[i]
+                    optimizer.state[piece] = {k: (v.reshape(-1)[e.lo:e.hi].clone()
+                                                  if isinstance(v, torch.Tensor) and v.numel() == e.numel else v)
+                                              for k, v in st.items()}
+                new.append(piece)
+            group["params"] = new
+
+    def before_step(self) -> None:
+        """Attach each piece's gradient, or None when empty or unused by every rank (collective)."""
+        engine = self.engine
+        used = engine.global_used()
+        grads = self.grads
+        if engine.low:  # the optimizer's gradients are fp32 like its parameters: cast the shard for the step
+            self._g32 = g32 = torch.empty(engine.shard_numel, dtype=torch.float32, device=engine.comm.device)
+            for u in engine.units:
+                g32[u.base:u.base + u.shard].copy_(engine.grad_shard(u))
+            grads = []
+            for i, e in enumerate(engine.entries):
+                u = engine.unit_of[i]
+                a, b = u.shard_slice(e)
+                grads.append(g32[u.base + a:u.base + b])
+        for i, piece in enumerate(self.pieces):
+            piece.grad = grads[i] if used[i] and piece.numel() else None
+
+    def after_step(self) -> None:
+        """The updated shards into the parameters (engine.after_step); the step's fp32 gradient copy freed."""
+        if self._g32 is not None:
+            for piece in self.pieces:
+                piece.grad = None
+            self._g32 = None
+        self.engine.after_step()
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """Zero the shard gradients of this optimizer's parameters (only theirs)."""
+        which = {self.of_piece[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in self.of_piece}
+        self.engine.zero_grad(which)
+        if not self.engine.low:
+            for i in which:
+                self.pieces[i].grad = self.grads[i]
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float,
+                        replicated_grads: list[torch.Tensor]) -> torch.Tensor:
+        """The norm over every rank's shard gradients of `parameters` (unit parameters by their pieces; a
+        replicated parameter's gradient, identical on every rank, counted once), one control all-reduce; every
+        gradient is then scaled by min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_."""
+        engine = self.engine
+        norm_type = float(norm_type)
+        mine: list[torch.Tensor] = []
+        for p in parameters:
+            i = engine.index.get(id(p), self.of_piece.get(id(p)))
+            if i is not None and self.grads[i].numel():
+                mine.append(self.grads[i])
+        counted = [g for g in mine + (replicated_grads if engine.rank == 0 else []) if g.numel()]
+        # this rank's part with the C kernels of accelerate_c.ops (fp64 accumulation), then one all-reduce
+        from ..ops import global_norm, scale_
+        if math.isinf(norm_type):
+            local = global_norm(counted, norm_type).reshape(1).to(torch.float64)
+            total = engine.comm.all_reduce(local, "max", control=True)[0]
+        else:
+            local = global_norm(counted, norm_type).reshape(1).to(torch.float64) ** norm_type
+            total = engine.comm.all_reduce(local, "sum", control=True)[0] ** (1.0 / norm_type)
+        total = total.float()
+        coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+        scale_([g for g in mine + replicated_grads if g.numel()], coef)
+        return total
+
+    def slot(self, piece: torch.Tensor) -> Optional[tuple[Any, int]]:
+        """(entry, index) of a piece, None for a parameter the engine does not shard."""
+        i = self.of_piece.get(id(piece))
+        return None if i is None else (self.engine.entries[i], i)

@@ -1,0 +1,135 @@
+# accelerate_c/sharding/zero3.py: stage 3's parameter life cycle. Each unit's full parameters live in one flat
+# buffer `u.full` whose storage is freed (resized to 0 bytes) while the unit is not in use and refilled in place
+# (all-gather of the fp32 shards) when it is: the parameters stay views of that same storage, so autograd's saved
+# tensors remain valid across a free/refill and no version counter moves (the collective writes raw memory).
+#   before a unit's forward: gather (a forward pre-hook);
+#   after it: free, when reshard_after_forward (or under no_grad), and hook the outputs so that the unit is
+#             gathered again before its backward runs (a hook on each output's gradient);
+#   after its backward: once its gradients are reduce-scattered (engine.py), free.
+# From the second forward on, the next unit (in the order the first forward ran them; reversed for backward) is
+# prefetched: its all-gather runs on the shared-memory group's worker thread while the current unit computes.
+# At the end of backward every unit still gathered is freed. Units are gathered one at a time in forward order;
+# a unit nested in another (the root holds every layer) stays gathered around its children.
+# Not for: gradient reduction (engine.py) or the optimizer side (optim_shard.py).
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .flat import FlatUnit
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    """The tensors inside a module's output (tensor, tuple/list, dict or ModelOutput, dataclass-like)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _tensors(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in _tensors(o)]
+    return []
+
+
+class Zero3Hooks:
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.comm = engine.comm
+        self.reshard_after_forward = bool(engine.config.reshard_after_forward)
+        self._handles = []
+        self._pending: dict[int, Any] = {}   # unit index -> the Work of its prefetch (all-gather in flight)
+        self._order: list[int] = []          # units in the order the first forward ran them
+        self._order_done = False
+        for u in engine.units:
+            self._handles.append(u.module.register_forward_pre_hook(self._pre_forward(u)))
+            self._handles.append(u.module.register_forward_hook(self._post_forward(u)))
+            self.free(u)
+
+    # -- gather / free ---------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def gather(self, u: FlatUnit) -> None:
+        work = self._pending.pop(u.index, None)
+        if work is not None:
+            work.wait()
+        if u.gathered:
+            return
+        u.full.untyped_storage().resize_(u.padded * u.full.element_size())
+        self.comm.all_gather(u.full, self.engine.gather_source(u))
+        u.gathered = True
+
+    @torch.no_grad()
+    def prefetch(self, u: FlatUnit) -> None:
+        """Starts u's all-gather on the shared-memory group's worker thread (synchronously without one), so it
+        runs while the current unit computes; gather(u) waits for it."""
+        if u.gathered:
+            return
+        u.full.untyped_storage().resize_(u.padded * u.full.element_size())
+        work = self.comm.all_gather_async(u.full, self.engine.gather_source(u))
+        if work is not None:
+            self._pending[u.index] = work
+        u.gathered = True
+
+    def _next(self, u: FlatUnit, step: int) -> None:
+        """Prefetch the unit after u in the recorded forward order (step 1) or backward order (step -1)."""
+        if not self._order_done:
+            return
+        pos = self._pos.get(u.index)
+        if pos is None:
+            return
+        nxt = pos + step
+        if step < 0 and pos == 0:  # the root (around everything) starts backward: the last unit is next
+            nxt = len(self._order) - 1 if self.engine.units[self._order[0]].name == "" else -1
+        if 0 < nxt < len(self._order) or (step > 0 and nxt == 0):
+            self.prefetch(self.engine.units[self._order[nxt]])
+
+    def free(self, u: FlatUnit) -> None:
+        if u.gathered:
+            work = self._pending.pop(u.index, None)
+            if work is not None:
+                work.wait()
+            u.full.untyped_storage().resize_(0)
+            u.gathered = False
+
+    # -- hooks -----------------------------------------------------------------------------------------------
+    def _pre_forward(self, u: FlatUnit) -> Any:
+        def hook(module: torch.nn.Module, args: Any) -> None:
+            if not self._order_done:
+                if self._order and u.index == self._order[0]:  # the first forward is over: the order is known
+                    self._order_done = True
+                    self._pos = {i: k for k, i in enumerate(self._order)}
+                elif u.index not in self._order:
+                    self._order.append(u.index)
+            self.gather(u)
+            self._next(u, 1)
+        return hook
+
+    def _post_forward(self, u: FlatUnit) -> Any:
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            grad = torch.is_grad_enabled()
+            if grad:
+                for t in _tensors(output):
+                    if t.requires_grad:
+                        t.register_hook(self._pre_backward(u))
+            if self.reshard_after_forward or not grad:
+                self.free(u)
+        return hook
+
+    def _pre_backward(self, u: FlatUnit) -> Any:
+        def hook(grad: torch.Tensor) -> None:
+            self.engine.begin_pass()
+            self.gather(u)
+            self._next(u, -1)
+        return hook
+
+    def after_reduce(self, u: FlatUnit) -> None:
+        """The unit's gradients are reduced: its parameters are not needed again in this backward."""
+        self.free(u)
+
+    def end_of_backward(self) -> None:
+        for u in self.engine.units:
+            self.free(u)
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []

@@ -1,0 +1,329 @@
+# accelerate_c/strategies/sharded.py: the sharded data-parallel strategy (ZeRO 1/2/3, FSDP), chosen when the
+# Accelerator holds a FullyShardedDataParallelPlugin or a DeepSpeedPlugin; both faces fill one ShardedConfig
+# (sharding/config.py). Stage 0 (NO_SHARD) is our bucketed DDP, unchanged (this class inherits it). Stages 1-3
+# build one ShardEngine per prepared model (sharding/engine.py) and hand the optimizer the engine's shard pieces
+# (sharding/optim_shard.py); the step stays the base class's one choice (fused kernels or the optimizer's own
+# step) on the shard, preceded by the used-parameter mask and DeepSpeed's gradient_clipping, followed by the
+# all-gather of the updated shards (stages 1/2). Parameters kept out of the units (ignored_modules) are averaged
+# after each synced backward as DDP's reference path does; frozen ones are left alone. Buffers follow DDP's
+# broadcast_buffers rule (the same wrapper). HYBRID_SHARD across hosts shards over a host's ranks and averages each
+# shard gradient across hosts (_hybrid_comm).
+# Not for: the engine's buffers and hooks (sharding/), the plugins (utils/sharding_plugins.py) or checkpoint files.
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+import warnings
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import torch
+
+from . import register
+from .base import balanced_owners
+from .ddp import DataParallelModule, GradSync
+from .ddp_bucketed import BucketedDataParallel
+from ..sharding.config import ShardedConfig
+
+
+class _SyncSwitch:
+    """What the DDP wrapper toggles (`enabled`, under no_sync): the engine's and the replicated parameters' sync."""
+
+    def __init__(self, engine: Any, replicated: Optional[GradSync]) -> None:
+        self.engine, self.replicated = engine, replicated
+
+    @property
+    def enabled(self) -> bool:
+        return self.engine.enabled
+
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
+        self.engine.enabled = value
+        if self.replicated is not None:
+            self.replicated.enabled = value
+
+    def shadow(self) -> None:
+        raise NotImplementedError("join_uneven_inputs is not supported by the sharded engine (stages 1-3): "
+                                  "use even_batches=True")
+
+
+@register("sharded")
+class ShardedDataParallel(BucketedDataParallel):
+    priority = 30
+    config_class = ShardedConfig
+    config: ShardedConfig
+
+    @classmethod
+    def applies(cls, state: Any, handlers: dict[str, Any]) -> bool:
+        return state.num_processes > 1 and ("FullyShardedDataParallelPlugin" in handlers or "DeepSpeedPlugin" in handlers)
+
+    def __init__(self, ctx: Any, config: Optional[ShardedConfig] = None) -> None:
+        super().__init__(ctx, config)
+        self.engines: list[Any] = []     # one ShardEngine per prepared model
+        self.sharded: list[Any] = []     # its ShardedParams
+        self._replicated: list[GradSync] = []
+        self.comm: Optional[Any] = None
+        self._mark = 0
+        self.bytes_last_step = 0         # model bytes moved by the collectives of the last step (counted)
+        self.step_seconds: dict[str, float] = {}  # the last step: the optimizer on the shard, the all-gather after
+
+    @property
+    def stage(self) -> int:
+        return int(self.config.stage)
+
+    def _check_config(self) -> None:
+        c = self.config
+        unsupported = [(name, v) for name, v in (("cpu_ram_efficient_loading", c.cpu_ram_efficient_loading or None),
+                                                  ("zero3_init", c.zero3_init or None)) if v is not None]
+        if unsupported:
+            raise NotImplementedError("sharded engine: not implemented yet: " +
+                                      ", ".join(f"{n}={v!r}" for n, v in unsupported))
+        if c.cpu_offload:
+            warnings.warn("accelerate_c: cpu_offload is a no-op here: parameters and optimizer state are already in "
+                          "CPU memory")
+
+    def _engine_config(self) -> ShardedConfig:
+        """The Accelerator's mixed_precision="bf16" means a bf16 compute copy unless param_dtype says otherwise
+        (HF: FSDP's set_mixed_precision, DeepSpeed's bf16 block)."""
+        mp = str(getattr(self.state, "mixed_precision", "no"))
+        if mp == "fp16":
+            raise NotImplementedError("mixed_precision='fp16' under the sharded engine (stages 1-3): loss scaling "
+                                      "over shards is not implemented yet; use 'bf16'")
+        if self.config.param_dtype is None and mp in ("bf16", "fp8"):
+            return dataclasses.replace(self.config, param_dtype=torch.bfloat16)
+        return self.config
+
+    def _comm(self) -> Any:
+        if self.comm is None:
+            from ..comm import TorchGroup, get_group
+            from ..sharding.comm import ShardComm
+            device = self.state.device
+            cpu_shm = device.type == "cpu" and self.config.transport != "torch"
+            group = get_group() if cpu_shm else TorchGroup()
+            host = group.host_group()
+            if self.config.hybrid and host is not None and host.size != group.size:
+                self.comm = self._hybrid_comm(group, host, device)
+            else:
+                self.comm = ShardComm(group, device)
+        return self.comm
+
+    def _hybrid_comm(self, world: Any, host: Any, device: torch.device) -> Any:
+        """HYBRID_SHARD across hosts: shard over this host's ranks (shared memory), replicate across hosts: the ranks
+        with the same local index on every host form a torch process group (collective: every rank creates every
+        such group, in the same order)."""
+        import torch.distributed as dist
+        from ..comm import host_id
+        from ..sharding.comm import ShardComm
+        hosts: list = [None] * world.size
+        dist.all_gather_object(hosts, host_id())
+        order = list(dict.fromkeys(hosts))
+        members = {h: [r for r, x in enumerate(hosts) if x == h] for h in order}
+        sizes = {len(m) for m in members.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"HYBRID_SHARD needs the same number of processes on every host; got "
+                             f"{ {h: len(m) for h, m in members.items()} }")
+        local = sizes.pop()
+        cross = None
+        for i in range(local):
+            g = dist.new_group([members[h][i] for h in order])
+            if i == members[hosts[world.rank]].index(world.rank):
+                cross = g
+        return ShardComm(host, device, cross=cross, replicas=len(order), replica=order.index(hosts[world.rank]),
+                         world=world)
+
+    # -- preparation -------------------------------------------------------------------------------------------
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
+        if self.stage == 0 or evaluation_mode:
+            return super().prepare_model(model, device_placement, evaluation_mode)
+        self._check_config()
+        from ..sharding.engine import ShardEngine
+        from ..sharding.optim_shard import ShardedParams
+        if any(p.device.type == "meta" for p in model.parameters()):
+            raise NotImplementedError("sharded engine: the model has parameters on the meta device; sharded "
+                                      "construction (cpu_ram_efficient_loading) is not implemented yet")
+        if device_placement:
+            model = model.to(self.state.device)
+        # every rank starts from rank 0's parameters and buffers (sync_module_states), as DDP at construction
+        self.broadcast(list(model.parameters()) + list(model.buffers()))
+        engine = ShardEngine(model, self._engine_config(), self._comm())
+        self.engines.append(engine)
+        self.sharded.append(ShardedParams(engine))
+        rep = [p for _, p in engine.replicated if p.requires_grad]
+        sync = GradSync(rep, None, self.state.num_processes) if rep else None
+        if sync is not None:
+            self._replicated.append(sync)
+        return DataParallelModule(model, _SyncSwitch(engine, sync), self.broadcast if self.config.broadcast_buffers else None)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        if self.stage == 0:
+            return super().prepare_optimizer(optimizer)
+        for sp in self.sharded:
+            if sp.owns(optimizer):
+                sp.shard_optimizer(optimizer)
+        return optimizer
+
+    def _sharded_for(self, optimizer: torch.optim.Optimizer) -> list[Any]:
+        return [sp for sp in self.sharded if sp.owns(optimizer)]
+
+    # -- the step ----------------------------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        for e in self.engines:
+            e.reset_pass()
+        super().backward(loss, **kwargs)
+
+    def step(self, optimizer: torch.optim.Optimizer, precision: Any, closure: Optional[Callable] = None) -> bool:
+        if self.stage == 0:
+            return super().step(optimizer, precision, closure)
+        mine = self._sharded_for(optimizer)
+        if self.config.gradient_clipping:  # DeepSpeed's, on the shard gradients
+            self.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], self.config.gradient_clipping)
+        for sp in mine:
+            sp.before_step()
+        t0 = time.perf_counter()
+        skipped = super().step(optimizer, precision, closure)
+        t1 = time.perf_counter()
+        for sp in mine:
+            sp.after_step()
+        self.step_seconds = {"optimizer": t1 - t0, "gather": time.perf_counter() - t1}
+        if self.comm is not None:
+            total = self.comm.model_bytes()
+            self.bytes_last_step, self._mark = total - self._mark, total
+        return skipped
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
+        if self.stage == 0:
+            return super().zero_grad(optimizer, set_to_none)
+        mine = self._sharded_for(optimizer)
+        for sp in mine:
+            sp.zero_grad(optimizer)
+        if not mine:
+            return False
+        sharded = {id(p) for sp in mine for p in sp.pieces}
+        for g in optimizer.param_groups:
+            for p in g["params"]:
+                if id(p) not in sharded and p.grad is not None:
+                    if set_to_none:
+                        p.grad = None
+                    else:
+                        p.grad.zero_()
+        return True
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        if self.stage == 0 or not self.sharded:
+            return super().clip_grad_norm_(parameters, max_norm, norm_type)
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        if len(self.sharded) > 1:
+            raise NotImplementedError("clip_grad_norm_ with several sharded models prepared")
+        sp = self.sharded[0]
+        known = set(sp.engine.index) | set(sp.of_piece)
+        rep = [p.grad for p in params if id(p) not in known and p.grad is not None]
+        return sp.clip_grad_norm_(params, max_norm, norm_type, rep)
+
+    @contextlib.contextmanager
+    def join(self, joinables: list, enable: bool = True) -> Iterator[None]:
+        if self.stage == 0 or not enable:
+            with super().join(joinables, enable):
+                yield
+            return
+        raise NotImplementedError("join_uneven_inputs is not supported by the sharded engine (stages 1-3): use "
+                                  "even_batches=True")
+
+    # -- state -------------------------------------------------------------------------------------------------
+    def _engine_of(self, model: torch.nn.Module) -> Optional[Any]:
+        from ..utils.other import extract_model_from_parallel
+        inner = extract_model_from_parallel(model)
+        return next((e for e in self.engines if e.model is inner), None)
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """Full logical tensors under the usual names, gathered unit by unit (collective under stage 3)."""
+        engine = self._engine_of(model)
+        if engine is None:
+            return super().get_state_dict(model, unwrap)
+        full = engine.full_params()
+        sd = engine.model.state_dict(keep_vars=True)
+        byname = dict(engine.model.named_parameters(remove_duplicate=False))
+        out = {}
+        for k, v in sd.items():
+            p = byname.get(k)
+            out[k] = full[id(p)] if p is not None and id(p) in full else v.detach()
+        if not unwrap and isinstance(model, DataParallelModule):
+            out = {f"module.{k}": v for k, v in out.items()}
+        return out
+
+    def model_slices(self, model: torch.nn.Module) -> list:
+        """Each unit parameter's piece of this rank's fp32 master shard (under every name it is registered by);
+        buffers and replicated parameters whole, one owner each (ranks take turns by size)."""
+        from ..checkpointing.slices import TensorSlice
+        engine = self._engine_of(model)
+        if engine is None:
+            return super().model_slices(model)
+        sd = engine.model.state_dict(keep_vars=True)
+        byname = dict(engine.model.named_parameters(remove_duplicate=False))
+        whole = {k: t for k, t in sd.items() if id(byname.get(k)) not in engine.index}
+        owners = balanced_owners({k: t.numel() * t.element_size() for k, t in whole.items()}, self.state.num_processes)
+        out = []
+        for k, t in sd.items():
+            if k in whole:
+                out.append(TensorSlice(k, tuple(t.shape), t.dtype, 0, t.detach().reshape(-1),
+                                       owner=owners[k] == self.state.process_index))
+                continue
+            i = engine.index[id(byname[k])]
+            e, u = engine.entries[i], engine.unit_of[i]
+            if e.piece_numel:  # (HYBRID_SHARD: every host holds the shards; the first one writes them)
+                a, b = u.shard_slice(e)
+                out.append(TensorSlice(k, e.shape, torch.float32, e.lo, engine.master_shard(u)[a:b],
+                                       owner=engine.comm.replica == 0))
+        return out
+
+    def optimizer_layout(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list:
+        """Each optimizer parameter: a shard piece (start, numel, local 1-D shape) or a whole replicated one."""
+        from ..checkpointing.slices import ParamSlot
+        engine = self._engine_of(model)
+        if engine is None:
+            return super().optimizer_layout(optimizer, model)
+        sp = self.sharded[self.engines.index(engine)]
+        inner = getattr(optimizer, "optimizer", optimizer)
+        params = [p for g in inner.param_groups for p in g["params"]]
+        names = {id(p): n for n, p in engine.model.named_parameters()}
+        whole = {names[id(p)]: p.numel() * p.element_size() for p in params if sp.slot(p) is None and id(p) in names}
+        owners = balanced_owners(whole, self.state.num_processes)
+        out = []
+        for i, p in enumerate(params):
+            hit = sp.slot(p)
+            if hit is not None:
+                e = hit[0]
+                out.append(ParamSlot(i, e.name, e.shape, e.lo, e.piece_numel, (e.piece_numel,),
+                                     owner=engine.comm.replica == 0))
+            elif id(p) in names:
+                n = names[id(p)]
+                out.append(ParamSlot(i, n, tuple(p.shape), 0, p.numel(), tuple(p.shape),
+                                     owner=owners[n] == self.state.process_index))
+            else:
+                raise ValueError(f"optimizer parameter {i} is not a parameter of the model being checkpointed")
+        return out
+
+    def slices_loaded(self, model: torch.nn.Module) -> None:
+        """After a checkpoint loader wrote into model_slices: rebuild what derives from the shards (collective;
+        stages 1/2 all-gather the full parameters, stage 3 gathers on demand anyway)."""
+        engine = self._engine_of(model)
+        if engine is not None:
+            engine.after_step()
+
+    def model_state_bytes(self, optimizers: Iterable[torch.optim.Optimizer] = ()) -> int:
+        """Measured bytes of the model state this rank holds: parameters (full and shards), gradients and the
+        optimizers' state tensors (distinct storages)."""
+        from ..sharding.engine import storage_bytes
+        ts = [t for e in self.engines for t in e.state_tensors()]
+        for opt in optimizers:
+            inner = getattr(opt, "optimizer", opt)
+            ts += [v for st in inner.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+        return storage_bytes(ts)
+
+    def close(self) -> None:
+        for e in self.engines:
+            e.remove()
+        for s in self._replicated:
+            s.remove()
+        self.engines, self.sharded, self._replicated = [], [], []
+        self.comm = None
+        super().close()

@@ -1,0 +1,191 @@
+# benchmarks/zero_step.py: step time of the sharded engine (issue 9) on the ~20M GPT of benchmarks/ddp_step.py
+# (its model and batches), 2 processes x 1 thread, AdamW, each transformer Block one unit:
+#   ddp:   our bucketed DDP (`accelerate_c launch`, no plugin), the baseline
+#   z1/z2/z3: the sharded engine through DeepSpeedPlugin(zero_stage=1/2/3)
+#   fsdp2: torch FSDP2 (`fully_shard` on every Block, then the root; gloo), `torch.distributed.run`
+# Each run also times the optimizer step alone (opt.step()) per rank: under ZeRO a rank steps 1/N of the
+# parameters. ddp_nosplit (ACCELERATE_C_SHARDED_STEP=0: every DDP rank steps every parameter) gives the
+# per-rank step of plain DDP. The driver interleaves the runs for --rounds rounds and reports medians.
+# Targets: Z1/Z2 <= 1.05x our DDP; Z3 <= 1.25x our DDP and <= 0.5x FSDP2; optimizer step DDP / ZeRO >= 1.8.
+# Not for: correctness (tests/test_sharded_engine.py) or the DDP cost against HF (benchmarks/ddp_step.py).
+# Run: python benchmarks/zero_step.py [--quick] [--no-record] [--rounds R] [--steps N]
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from ddp_step import free_port, make_batches, make_model  # noqa: E402  (the same model and data)
+from _results import append_results  # noqa: E402
+
+KINDS = ("ddp", "ddp_nosplit", "z1", "z2", "z3", "fsdp2")
+
+
+def timed_steps(model, opt, batches, backward, strategy=None) -> tuple[list[float], list[float], list[float]]:
+    """Step times, optimizer times (the strategy's own measure of the optimizer on the shard when it has one:
+    opt.step() there also holds the all-gather), losses."""
+    steps, opt_times, losses = [], [], []
+    for x, y in batches:
+        t = time.perf_counter()
+        loss = model(x, y)
+        backward(loss)
+        t_opt = time.perf_counter()
+        opt.step()
+        opt_times.append(time.perf_counter() - t_opt if not getattr(strategy, "step_seconds", None)
+                         else strategy.step_seconds["optimizer"])
+        opt.zero_grad()
+        steps.append(time.perf_counter() - t)
+        losses.append(loss.item())
+    return steps, opt_times, losses
+
+
+def worker(args) -> None:
+    import torch
+    torch.set_num_threads(1)
+    out: dict = {}
+    if args.worker == "fsdp2":
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        model = make_model(args)
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+        out["times"], out["opt_times"], out["losses"] = timed_steps(model, opt, make_batches(args, rank),
+                                                                    lambda l: l.backward())
+        dist.barrier()
+        dist.destroy_process_group()
+    else:
+        import dataclasses
+        from accelerate_c import Accelerator
+        from accelerate_c.utils.sharding_plugins import DeepSpeedPlugin
+        plugin = DeepSpeedPlugin(zero_stage=int(args.worker[1])) if args.worker.startswith("z") else None
+        acc = Accelerator(deepspeed_plugin=plugin)
+        if plugin is not None:  # the wrap (the plugins' auto-wrap fields are the configuration faces' work)
+            acc.strategy.config = dataclasses.replace(acc.strategy.config, auto_wrap_policy="transformer_based_wrap",
+                                                      transformer_layer_cls=("Block",))
+        model = make_model(args)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+        model, opt = acc.prepare(model, opt)
+        rank = acc.process_index
+        out["strategy"] = acc.strategy.name
+        out["times"], out["opt_times"], out["losses"] = timed_steps(model, opt, make_batches(args, rank), acc.backward,
+                                                                    acc.strategy)
+        if plugin is not None:
+            out["bytes_per_step"] = acc.strategy.bytes_last_step
+            out["state_bytes"] = acc.strategy.model_state_bytes([opt])
+        acc.wait_for_everyone()
+        acc.end_training()
+    with open(f"{args.out}.{rank}.json", "w") as f:
+        json.dump(out, f)
+
+
+def worker_args(args) -> list[str]:
+    return ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch), "--seq",
+            str(args.seq), "--n_layer", str(args.n_layer), "--n_embd", str(args.n_embd), "--n_head",
+            str(args.n_head), "--seed", str(args.seed)]
+
+
+def launch(kind: str, args, tmp: str) -> list[dict]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("ACCELERATE_USE_CPU", None)
+    out = os.path.join(tmp, f"{kind}-{time.monotonic_ns()}")
+    script = [os.path.abspath(__file__), "--worker", kind.replace("_nosplit", ""), "--out", out, *worker_args(args)]
+    if kind == "ddp_nosplit":
+        env["ACCELERATE_C_SHARDED_STEP"] = "0"
+    if kind == "fsdp2":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(free_port()), *script]
+    else:
+        cmd = [sys.executable, "-m", "accelerate_c", "launch", "--cpu", "--num_processes", "2",
+               "--main_process_port", str(free_port()), *script]
+    p = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=1800)
+    if p.returncode != 0:
+        raise RuntimeError(f"{kind} run failed ({p.returncode}):\n{p.stdout[-4000:]}")
+    return [json.load(open(f"{out}.{r}.json")) for r in range(2)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="ZeRO 1/2/3 step time vs our DDP and torch FSDP2")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--no-record", action="store_true")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--batch", type=int, default=2, help="per process")
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--n_layer", type=int, default=6)
+    p.add_argument("--n_embd", type=int, default=512)
+    p.add_argument("--n_head", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument("--worker", choices=["ddp", "z1", "z2", "z3", "fsdp2"], help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    if args.quick:
+        args.rounds, args.steps, args.warmup = 1, 5, 2
+    kinds = args.kinds.split(",")
+    step: dict[str, list[float]] = {k: [] for k in kinds}
+    optstep: dict[str, list[float]] = {k: [] for k in kinds}
+    extra: dict[str, dict] = {}
+    losses: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.rounds):
+            for k in kinds:
+                res = launch(k, args, tmp)
+                w = args.warmup
+                step[k].append(statistics.median(res[0]["times"][w:]))
+                optstep[k].append(statistics.median([statistics.median(r["opt_times"][w:]) for r in res]))
+                losses[k] = res[0]["losses"]
+                extra[k] = {key: res[0][key] for key in ("bytes_per_step", "state_bytes") if key in res[0]}
+    med = {k: statistics.median(v) * 1e3 for k, v in step.items()}
+    omed = {k: statistics.median(v) * 1e3 for k, v in optstep.items()}
+    nparams = sum(p.numel() for p in make_model(args).parameters())
+    base = med.get("ddp")
+    lines = [f"GPT {args.n_layer}x{args.n_embd} ({nparams / 1e6:.2f}M params), AdamW, per-process batch "
+             f"{args.batch}x{args.seq}, 2 processes x 1 thread, {args.steps} steps ({args.warmup} warm-up), "
+             f"{args.rounds} interleaved round(s); ZeRO via DeepSpeedPlugin(zero_stage), one unit per Block.", "",
+             "| run | median step ms | / our DDP | / FSDP2 | optimizer step ms (per rank) | bytes/step (counted) | "
+             "model-state bytes/rank |", "|---|---|---|---|---|---|---|"]
+    for k in kinds:
+        r_ddp = f"{med[k] / base:.3f}" if base else "-"
+        r_f = f"{med[k] / med['fsdp2']:.3f}" if "fsdp2" in med else "-"
+        b = extra[k].get("bytes_per_step")
+        s = extra[k].get("state_bytes")
+        lines.append(f"| {k} | {med[k]:.1f} | {r_ddp} | {r_f} | {omed[k]:.1f} | "
+                     f"{'-' if b is None else f'{b / 1e6:.1f} MB'} | {'-' if s is None else f'{s / 1e6:.1f} MB'} |")
+    ref = losses.get("ddp")
+    if ref:
+        diffs = {k: max(abs(a - b) for a, b in zip(ref, v)) for k, v in losses.items()}
+        lines += ["", "- per-step losses vs our DDP, max |diff|: " + ", ".join(f"{k} {d:.2e}" for k, d in diffs.items())]
+    if "ddp_nosplit" in omed:
+        for z in ("z1", "z2", "z3"):
+            if z in omed:
+                lines.append(f"- optimizer step per rank, DDP (every rank steps all) / {z}: "
+                             f"{omed['ddp_nosplit'] / omed[z]:.2f}x (target >= 1.8)")
+    lines.append(f"- per-round step medians (ms): " + "; ".join(f"{k} {[round(x * 1e3, 1) for x in v]}"
+                                                              for k, v in step.items()))
+    print("\n".join(lines))
+    if not args.no_record and not args.quick:
+        append_results("ZeRO step time (benchmarks/zero_step.py)", lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+# tests/scripts/sharded_train.py: training under the sharded engine (ZeRO 1/2/3 through a DeepSpeedPlugin or an
+# FSDP plugin) and the single-process reference it is checked against (tests/test_sharded_engine.py).
+#   --model bn:   ddp_semantics.py's MLP with BatchNorm buffers, a sometimes-unused, a never-used and a frozen layer
+#   --model gpt2: transformers' GPT2LMHeadModel built from a tiny config (tied embedding / head), wpe frozen
+#   --model mlp:  a stack of equal Linear layers (many units: the memory and bytes formulas)
+# With --emulate N on one process the same run is computed without communication: per-rank buffers follow DDP's
+# broadcast_buffers rule, gradients are the average over ranks, optimizer AdamW or SGD with momentum, clipping
+# torch's clip_grad_norm_. Output in --out: losses.json, weights.safetensors, optim.safetensors ("<param>/<key>"),
+# and from the distributed run per rank: stats<r>.json (bytes per step, model-state bytes), slices<r>.safetensors
+# (model_slices and the optimizer state by optimizer_layout, keyed "<name>@<start>").
+import argparse
+import copy as pycopy
+import dataclasses
+import json
+import os
+
+import torch
+from safetensors.torch import save_file
+
+from ddp_semantics import BNNet, chunk
+
+WRAPS = {"no": ("no_wrap", (), 0), "layer": ("transformer_based_wrap", ("GPT2Block",), 0),
+         "size": ("size_based_wrap", (), 1000)}
+
+
+def build(kind: str) -> torch.nn.Module:
+    torch.manual_seed(1)
+    if kind == "bn":
+        return BNNet()
+    if kind == "mlp":
+        return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(48, 48), torch.nn.Tanh()) for _ in range(24)])
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0)
+    model = GPT2LMHeadModel(cfg)
+    model.transformer.wpe.weight.requires_grad_(False)
+    return model
+
+
+def batch(kind: str, step: int, global_batch: int) -> tuple:
+    g = torch.Generator().manual_seed(100 + step)
+    if kind == "bn":
+        x = torch.randn(global_batch, 6, generator=g)
+        return x, (x[:, :1] * 2 - x[:, 1:2]).tanh()
+    if kind == "mlp":
+        x = torch.randn(global_batch, 48, generator=g)
+        return x, x.flip(1).sin()
+    ids = torch.randint(0, 64, (global_batch, 8), generator=g)
+    return ids, ids
+
+
+def loss_of(kind: str, model: torch.nn.Module, xb: torch.Tensor, yb: torch.Tensor, micro: int) -> torch.Tensor:
+    if kind == "bn":
+        return torch.nn.functional.mse_loss(model(xb, use_aux=micro % 2 == 0), yb)
+    if kind == "mlp":
+        return torch.nn.functional.mse_loss(model(xb), yb)
+    return model(input_ids=xb, labels=yb).loss
+
+
+def make_optimizers(model: torch.nn.Module, kind: str, two: bool) -> list:
+    """One optimizer, or two over halves of the parameters (stepped and zeroed one after the other: the second
+    steps after the first zeroed its own gradients)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not two:
+        return [make_optimizer(params, kind)]
+    return [make_optimizer(params[:len(params) // 2], kind), make_optimizer(params[len(params) // 2:], kind)]
+
+
+def make_optimizer(params: list, kind: str) -> torch.optim.Optimizer:
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    # two groups with different hyperparameters: a unit spans both
+    decay = [p for p in params if p.dim() >= 2]
+    other = [p for p in params if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+                             lr=1e-2, eps=1e-4)  # eps: a zero-mean gradient (attention key bias) stays ~0
+
+
+def eval_loss(kind: str, model: torch.nn.Module, bf16: bool = False) -> float:
+    """A loss in eval mode under no_grad (stage 3 gathers each unit for it and frees it after)."""
+    model.eval()
+    with torch.no_grad():
+        xb, yb = batch(kind, 999, 4)
+        m = pycopy.deepcopy(model).to(torch.bfloat16) if bf16 else model
+        out = loss_of(kind, m, xb.bfloat16() if bf16 and xb.is_floating_point() else xb, yb, 1).item()
+    model.train()
+    return out
+
+
+def optim_state(model: torch.nn.Module, opts: list) -> dict:
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {f"{names[id(p)]}/{k}": v.detach().clone() for opt in opts for p, st in opt.state.items()
+            for k, v in st.items() if isinstance(v, torch.Tensor) and v.numel() == p.numel()}
+
+
+def emulate(args: argparse.Namespace) -> None:
+    n, kind = args.emulate, args.model
+    model = build(kind)
+    model.train()
+    per_rank = [{k: v.clone() for k, v in model.named_buffers()} for _ in range(n)]
+
+    def load(r: int) -> None:
+        for name, b in model.named_buffers():
+            b.copy_(per_rank[r][name])
+
+    opts = make_optimizers(model, args.optim, args.two_opt)
+    clip = args.clip or args.ds_clip
+    synced_prev, losses = True, []
+    for m in range(args.steps * args.grad_accum):
+        sync = (m + 1) % args.grad_accum == 0
+        if synced_prev:
+            for r in range(1, n):
+                per_rank[r] = {k: v.clone() for k, v in per_rank[0].items()}
+        xb, yb = batch(kind, m, args.global_batch)
+        total = 0.0
+        for r in range(n):
+            load(r)
+            if args.bf16:  # a bf16 compute copy of the fp32 master, its gradients accumulated in fp32
+                copy = pycopy.deepcopy(model).to(torch.bfloat16)
+                x = chunk(xb, r, n)
+                loss = loss_of(kind, copy, x.bfloat16() if x.is_floating_point() else x, chunk(yb, r, n), m)
+                (loss / (args.grad_accum * n)).backward()
+                for p, q in zip(model.parameters(), copy.parameters()):
+                    if q.grad is not None:
+                        p.grad = q.grad.float() if p.grad is None else p.grad + q.grad.float()
+                total += loss.item() / n
+                continue
+            loss = loss_of(kind, model, chunk(xb, r, n), chunk(yb, r, n), m)
+            (loss / (args.grad_accum * n)).backward()
+            per_rank[r] = {k: v.clone() for k, v in model.named_buffers()}
+            total += loss.item() / n
+        losses.append(total)
+        synced_prev = sync
+        if sync:
+            if clip:
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], clip)
+            for opt in opts:
+                opt.step()
+                opt.zero_grad()
+    load(0)
+    write(args, losses + [eval_loss(kind, model, args.bf16)], model.state_dict(), optim_state(model, opts))
+
+
+def distributed(args: argparse.Namespace) -> None:
+    from accelerate_c import Accelerator
+    from accelerate_c.utils.sharding_plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    if args.face == "fsdp":
+        name = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}[args.stage]
+        if args.hybrid:
+            name = {2: "HYBRID_SHARD_ZERO2", 3: "HYBRID_SHARD"}[args.stage]
+        plugins = {"fsdp_plugin": FullyShardedDataParallelPlugin(sharding_strategy=name,
+                                                                 reshard_after_forward=not args.no_reshard)}
+    else:
+        plugins = {"deepspeed_plugin": DeepSpeedPlugin(zero_stage=args.stage,
+                                                       gradient_clipping=args.ds_clip or None)}
+    # bf16 through the DeepSpeed face: the Accelerator's mixed_precision; through the FSDP face: param_dtype
+    mp = "bf16" if args.bf16 and args.face == "ds" else "no"
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=args.grad_accum, mixed_precision=mp, **plugins)
+    # The wrap policy is set on the engine's config directly (the plugins' auto-wrap fields are mapped by the
+    # configuration-faces work); everything else comes from the plugin.
+    policy, cls, min_params = WRAPS[args.wrap]
+    acc.strategy.config = dataclasses.replace(acc.strategy.config, auto_wrap_policy=policy,
+                                              transformer_layer_cls=cls, min_num_params=min_params,
+                                              ignored_modules=(args.ignore,) if args.ignore else (),
+                                              param_dtype=torch.bfloat16 if args.bf16 and mp == "no" else None,
+                                              activation_checkpointing=args.ac)
+    assert acc.strategy.name == "sharded" and acc.strategy.stage == args.stage, (acc.strategy.name, args.stage)
+    n, r, kind = acc.num_processes, acc.process_index, args.model
+    model = build(kind)
+    model, *opts = acc.prepare(model, *make_optimizers(model, args.optim, args.two_opt))
+    losses, per_step = [], []
+    for m in range(args.steps * args.grad_accum):
+        xb, yb = batch(kind, m, args.global_batch)
+        with acc.accumulate(model):
+            loss = loss_of(kind, model, chunk(xb, r, n), chunk(yb, r, n), m)
+            acc.backward(loss)
+            if acc.sync_gradients and args.clip:
+                acc.clip_grad_norm_(model.parameters(), args.clip)
+            for opt in opts:
+                opt.step()
+                opt.zero_grad()
+        if acc.sync_gradients:
+            per_step.append(acc.strategy.bytes_last_step)
+        losses.append(acc.reduce(loss.detach(), reduction="mean").item())
+    losses.append(eval_loss(kind, model))
+    strategy = acc.strategy
+    if args.stage == 0:  # NO_SHARD: our DDP, nothing of the engine's to report
+        sd = acc.get_state_dict(model)
+        if acc.is_main_process:
+            write(args, losses, sd, {})
+        acc.wait_for_everyone()
+        acc.end_training()
+        return
+    state_bytes = strategy.model_state_bytes(opts)
+    engine = strategy.engines[0]
+    stats = {"bytes_per_step": per_step, "model_state_bytes": state_bytes,
+             "padded": sum(u.padded for u in engine.units), "numel": sum(u.numel for u in engine.units),
+             "max_unit_padded": max(u.padded for u in engine.units), "units": len(engine.units),
+             "world": n, "calls": engine.comm.calls}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"stats{r}.json"), "w") as f:
+        json.dump(stats, f)
+    slices = {f"{s.name}@{s.start}": s.data.clone() for s in strategy.model_slices(model) if s.owner and s.numel}
+    for opt in opts:
+        inner = opt.optimizer
+        flat = [p for g in inner.param_groups for p in g["params"]]
+        for slot in strategy.optimizer_layout(opt, model):
+            st = inner.state.get(flat[slot.index], {})
+            for k, v in st.items():
+                if slot.owner and isinstance(v, torch.Tensor) and v.numel() == slot.numel and slot.numel:
+                    slices[f"{slot.name}/{k}@{slot.start}"] = v.detach().reshape(-1).clone()
+    save_file(slices, os.path.join(args.out, f"slices{r}.safetensors"))
+    # a loader's view: every parameter wiped, this rank's slices written back, then slices_loaded rebuilds the rest
+    held = [(s, s.data.clone()) for s in strategy.model_slices(model)]
+    with torch.no_grad():
+        for p in acc.unwrap_model(model).parameters():
+            if p.untyped_storage().nbytes():
+                p.zero_()
+        for s, data in held:
+            s.data.zero_()
+        for s, data in held:
+            s.data.copy_(data)
+    strategy.slices_loaded(model)
+    sd = acc.get_state_dict(model)  # collective (gathers unit by unit under stage 3)
+    if acc.is_main_process:
+        write(args, losses, sd, {})
+    acc.wait_for_everyone()
+    acc.end_training()
+
+
+def write(args: argparse.Namespace, losses: list, sd: dict, optim: dict) -> None:
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "losses.json"), "w") as f:
+        json.dump(losses, f)
+    out = {k: v.detach().clone().contiguous() for k, v in sd.items()}  # clones: tied weights share storage
+    save_file(out, os.path.join(args.out, "weights.safetensors"))
+    if optim:
+        save_file({k: v.contiguous() for k, v in optim.items()}, os.path.join(args.out, "optim.safetensors"))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", choices=("bn", "gpt2", "mlp"), default="bn")
+    p.add_argument("--stage", type=int, default=3)
+    p.add_argument("--face", choices=("fsdp", "ds"), default="fsdp")
+    p.add_argument("--wrap", choices=tuple(WRAPS), default="no")
+    p.add_argument("--optim", choices=("adamw", "sgd"), default="adamw")
+    p.add_argument("--global_batch", type=int, default=12)
+    p.add_argument("--grad_accum", type=int, default=1)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--clip", type=float, default=0.0, help="accelerator.clip_grad_norm_ at each synced step")
+    p.add_argument("--ds_clip", type=float, default=0.0, help="DeepSpeedPlugin(gradient_clipping=...)")
+    p.add_argument("--bf16", action="store_true", help="param_dtype bf16: a bf16 compute copy, fp32 master shards")
+    p.add_argument("--two_opt", action="store_true", help="two optimizers over halves of the parameters")
+    p.add_argument("--hybrid", action="store_true", help="FSDP HYBRID_SHARD(_ZERO2): shard in a host, replicate across")
+    p.add_argument("--no_reshard", action="store_true", help="FSDP reshard_after_forward=False")
+    p.add_argument("--ac", action="store_true", help="activation checkpointing per unit")
+    p.add_argument("--ignore", default="", help="ignored_modules: a regex of module names")
+    p.add_argument("--emulate", type=int, default=0, help="the single-process reference of N ranks")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    (emulate if args.emulate else distributed)(args)
+
+
+if __name__ == "__main__":
+    main()
