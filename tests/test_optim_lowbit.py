@@ -180,6 +180,91 @@ def test_quantize_matches_reference(signed, level, n):
     assert torch.all(((a - chosen).abs() - best)[ok] <= 1e-6)
 
 
+def _boundary_values(signed):
+    """Normalised inputs where an encoder that is one ulp off, or picks the wrong decade, gives another code: every
+    code's value, every midpoint between neighbouring codes, every decade threshold and the tiny-value clamp, each
+    with its two float neighbours, all in [0, 1]."""
+    t = ref_tables(signed)
+    vals = ref_values(signed)
+    mids = ((vals[1:].double() + vals[:-1].double()) / 2).float()
+    pts = torch.cat([vals, mids, torch.tensor(t["thr"][1:]), torch.tensor([2.0 ** -29, 2.0 ** -30, 1e-38, 1e-45, 1.0])])
+    near = torch.cat([pts, torch.nextafter(pts, torch.full_like(pts, 2.0)), torch.nextafter(pts, torch.zeros_like(pts))])
+    return near.clamp(0, 1)
+
+
+def _blocks_with_absmax_one(a, n=None):
+    """a laid out 255 per block (repeated to fill n elements when given) with a 1.0 in each block's last slot:
+    absmax 1, so |x| * inv is a exactly."""
+    nb = (a.numel() + 254) // 255 if n is None else (n + 255) // 256
+    buf = a.repeat(nb * 255 // a.numel() + 1)[: nb * 255]
+    if n is None:
+        buf[a.numel():] = 0.0
+    x = torch.ones(nb, 256)
+    x[:, :255] = buf.view(nb, 255)
+    return x.reshape(-1)[: n or nb * 256].clone()
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_quantize_code_boundaries_every_level(signed):
+    a = _boundary_values(signed)
+    x = _blocks_with_absmax_one(a)
+    if signed:
+        x = torch.cat([x, -x])  # both signs of every magnitude
+    # scaled by a power of two (a unchanged), by 3.1 (a rounded through 1/absmax) and by a tiny normal absmax
+    xs = [x, x * 2.0 ** -20, x * 3.1, x * 2.0 ** -120]
+    for level in LEVELS:
+        for xi in xs:
+            with simd(level):
+                codes, absmax = lowbit.quantize(xi, signed, num_threads=2)
+            rc, ra = ref_quantize(xi, signed)
+            same(absmax, ra, level)
+            same(codes, rc, level)
+    # every code is reached
+    codes, _ = ref_quantize(x, signed)
+    assert codes.unique().numel() == 256
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_8bit_step_nonfinite_zero_and_boundary_blocks_same_bits(level):
+    """The fused 8-bit step (vector ISAs requantise a block while updating the next) on whole blocks of code-boundary
+    states, a zero-gradient block and blocks whose gradients hold NaN (both signs), +inf and -inf: the scalar path's
+    bits on every level and thread count."""
+    n = 256 * 14 + 40
+    g = torch.Generator().manual_seed(12)
+    m0 = _blocks_with_absmax_one(_boundary_values(True), n) * 1e-2
+    m0 = torch.where(torch.rand(n, generator=g) < 0.5, -m0, m0)
+    v0 = _blocks_with_absmax_one(_boundary_values(False), n) * 1e-4
+    grads = []
+    for s in range(3):
+        grad = torch.randn(n, generator=g) * 1e-2
+        grad[4 * 256:5 * 256] = 0.0
+        grad[2 * 256 + 7] = float("nan")
+        grad[5 * 256 + 100] = float("inf")
+        grad[7 * 256 + 255] = -float("inf")
+        grad[9 * 256 + 3] = -float("nan")
+        grad[13 * 256 + 300 - 256] = float("nan") if s == 1 else grad[13 * 256 + 44]
+        grads.append(grad)
+
+    def run(lvl, nt):
+        p = torch.randn(n, generator=torch.Generator().manual_seed(2))
+        m8, ma = lowbit.quantize(m0, True)
+        v8, va = lowbit.quantize(v0, False)
+        lp = torch.empty(n, dtype=torch.bfloat16)
+        out = []
+        with simd(lvl):
+            for s, grad in enumerate(grads, 1):
+                aopt.adamw_flat_(p, grad, m8, v8, s, exp_avg_absmax=ma, exp_avg_sq_absmax=va, low_precision_out=lp,
+                                 num_threads=nt, **KW)
+                out += [p.clone(), m8.clone(), ma.clone(), v8.clone(), va.clone(), lp.clone()]
+        return out
+
+    ref = run("scalar", 1)
+    assert any(torch.isnan(t).any() for t in ref[2::6]) and any(torch.isinf(t).any() or torch.isnan(t).any()
+                                                                 for t in ref[4::6])
+    for nt in (1, 3):
+        same(run(level, nt), ref, f"{level} x{nt}")
+
+
 # --------------------------------------------------------------------------------------------- the fused step
 def _adam_sequence(layout, level, nthreads, n=70_001, steps=4, grad_dtype=torch.float32, offset=0, lp=False):
     g = torch.Generator().manual_seed(3)
