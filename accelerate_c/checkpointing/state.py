@@ -97,6 +97,9 @@ def read_checkpoint_info(checkpoint_dir: str) -> dict:
 def _model_of(accelerator: Any, optimizer: Any) -> Any:
     """The prepared model whose parameters the optimizer steps; when it spans several models or steps tensors of
     no prepared model, one module holding them all ("<model index>.<name>", "loose.<i>")."""
+    owner = getattr(strategy_of(accelerator), "optimizer_model", lambda o: None)(optimizer)
+    if owner is not None:
+        return owner
     params = [p for g in getattr(optimizer, "optimizer", optimizer).param_groups for p in g["params"]]
     ids = {id(p) for p in params}
     models = [_user_model(m) for m in accelerator._models]
@@ -329,6 +332,7 @@ def load_state(accelerator: Any, input_dir: Optional[str] = None, load_kwargs: O
         with PieceReader(input_dir, index["tensors"], sizes) as reader:
             universal.load_model(reader, index, target, strategy.model_slices(_user_model(model)),
                                  **load_model_func_kwargs)
+        strategy.slices_loaded(model)  # collective: e.g. ZeRO-1/2 re-gather full parameters from the shards
 
     def need(kind: str, objs: list, names: list) -> None:
         if len(objs) > len(names):

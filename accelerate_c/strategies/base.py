@@ -241,6 +241,11 @@ class Strategy:
         return [ParamSlot(i, names[id(p)], tuple(p.shape), 0, p.numel(), tuple(p.shape),
                           owner=owners[names[id(p)]] == self.state.process_index) for i, p in enumerate(params)]
 
+    def optimizer_model(self, optimizer: torch.optim.Optimizer) -> Optional[torch.nn.Module]:
+        """The model an optimizer was re-pointed to by this strategy (sharded pieces), None when its parameters are
+        the model's own (the checkpoint code then finds the model by its parameters)."""
+        return None
+
     def slices_loaded(self, model: torch.nn.Module) -> None:
         """Called (on every rank) after a checkpoint loader wrote into this rank's `model_slices(model)`: rebuild
         whatever derives from them (the sharded strategy re-gathers full parameters; nothing here)."""

@@ -53,6 +53,16 @@ class ShardedDataParallel(BucketedDataParallel):
     config_class = ShardedConfig
     config: ShardedConfig
 
+    def prepare_objects(self, objects: list, accelerator: Any) -> list:
+        """DeepSpeed's DummyOptim / DummyScheduler and "auto" values resolved (sharding/deepspeed_json.py)."""
+        plugin = self.ctx.handlers.get("DeepSpeedPlugin")
+        if plugin is None:
+            return objects
+        from ..sharding.deepspeed_json import prepare_deepspeed_objects
+        objects = prepare_deepspeed_objects(plugin, objects, accelerator)
+        self.config = self.config.with_resolved_deepspeed()
+        return objects
+
     @classmethod
     def applies(cls, state: Any, handlers: dict[str, Any]) -> bool:
         return state.num_processes > 1 and ("FullyShardedDataParallelPlugin" in handlers or "DeepSpeedPlugin" in handlers)
@@ -71,13 +81,15 @@ class ShardedDataParallel(BucketedDataParallel):
     def stage(self) -> int:
         return int(self.config.stage)
 
-    def _check_config(self) -> None:
+    def _check_config(self, model: Optional[torch.nn.Module] = None) -> None:
         c = self.config
-        unsupported = [(name, v) for name, v in (("cpu_ram_efficient_loading", c.cpu_ram_efficient_loading or None),
-                                                  ("zero3_init", c.zero3_init or None)) if v is not None]
-        if unsupported:
-            raise NotImplementedError("sharded engine: not implemented yet: " +
-                                      ", ".join(f"{n}={v!r}" for n, v in unsupported))
+        # cpu_ram_efficient_loading / zero3_init change how a model is constructed; a model that is already real
+        # (the usual case, and what HF's launcher defaults give) needs nothing from them. Materialising a model
+        # on the meta device shard by shard (sharding/materialize.py) is not wired into the engine yet.
+        if model is not None and any(t.is_meta for t in list(model.parameters()) + list(model.buffers())):
+            raise NotImplementedError("sharded engine: the model has tensors on the meta device; sharded "
+                                      "construction (cpu_ram_efficient_loading / zero3_init) is not implemented "
+                                      "yet: build the model on the CPU")
         if c.cpu_offload:
             warnings.warn("accelerate_c: cpu_offload is a no-op here: parameters and optimizer state are already in "
                           "CPU memory")
@@ -135,7 +147,7 @@ class ShardedDataParallel(BucketedDataParallel):
     def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
         if self.stage == 0 or evaluation_mode:
             return super().prepare_model(model, device_placement, evaluation_mode)
-        self._check_config()
+        self._check_config(model)
         from ..sharding.engine import ShardEngine
         from ..sharding.optim_shard import ShardedParams
         if any(p.device.type == "meta" for p in model.parameters()):
@@ -269,10 +281,11 @@ class ShardedDataParallel(BucketedDataParallel):
                 continue
             i = engine.index[id(byname[k])]
             e, u = engine.entries[i], engine.unit_of[i]
-            if e.piece_numel:  # (HYBRID_SHARD: every host holds the shards; the first one writes them)
-                a, b = u.shard_slice(e)
-                out.append(TensorSlice(k, e.shape, torch.float32, e.lo, engine.master_shard(u)[a:b],
-                                       owner=engine.comm.replica == 0))
+            # every logical tensor is listed on every rank, an empty piece included (the checkpoint loader checks
+            # names); HYBRID_SHARD: every host holds the shards, the first one writes them
+            a, b = u.shard_slice(e)
+            out.append(TensorSlice(k, e.shape, torch.float32, e.lo, engine.master_shard(u)[a:b],
+                                   owner=engine.comm.replica == 0))
         return out
 
     def optimizer_layout(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list:
@@ -301,6 +314,13 @@ class ShardedDataParallel(BucketedDataParallel):
             else:
                 raise ValueError(f"optimizer parameter {i} is not a parameter of the model being checkpointed")
         return out
+
+    def optimizer_model(self, optimizer: torch.optim.Optimizer) -> Optional[torch.nn.Module]:
+        """The user model whose shard pieces this optimizer steps (its parameters are pieces, not the model's)."""
+        for sp in self.sharded:
+            if sp.owns(optimizer):
+                return sp.engine.model
+        return None
 
     def slices_loaded(self, model: torch.nn.Module) -> None:
         """After a checkpoint loader wrote into model_slices: rebuild what derives from the shards (collective;
