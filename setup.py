@@ -29,6 +29,8 @@ ext = Extension(
     "accelerate_c._C",
     sources=sources,
     include_dirs=["csrc"],
+    # headers and per-ISA bodies: editing only them must rebuild the extension
+    depends=sorted(glob.glob("csrc/**/*.h", recursive=True) + glob.glob("csrc/**/*.inc", recursive=True)),
     define_macros=[("Py_LIMITED_API", hex(LIMITED_API)), ("_GNU_SOURCE", "1")],
     extra_compile_args=extra_compile_args,
     extra_link_args=extra_link_args,

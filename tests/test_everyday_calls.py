@@ -13,7 +13,8 @@ import pytest
 import torch
 from simd_levels import LEVELS, simd
 
-from test_shm import CHUNK, DTYPES, SMALL, _close, _free_port, _ref_all_reduce, _same_everywhere, run
+from conftest import free_port
+from test_shm import CHUNK, DTYPES, SMALL, _close, _ref_all_reduce, _same_everywhere, run
 
 
 # ---- out-of-place all_reduce (all_reduce_into), the transport of accelerator.reduce ------------------------
@@ -287,4 +288,4 @@ def _w_torch_and_rebuild(rank, ws, port2):
 
 
 def test_comm_torch_keeps_dist_barrier_and_group_follows_process_group():
-    assert all(run(_w_torch_and_rebuild, 2, _free_port()).values())
+    assert all(run(_w_torch_and_rebuild, 2, free_port()).values())
