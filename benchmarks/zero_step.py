@@ -71,7 +71,7 @@ def worker(args) -> None:
     else:
         import dataclasses
         from accelerate_c import Accelerator
-        from accelerate_c.utils.sharding_plugins import DeepSpeedPlugin
+        from accelerate_c import DeepSpeedPlugin
         plugin = DeepSpeedPlugin(zero_stage=int(args.worker[1])) if args.worker.startswith("z") else None
         acc = Accelerator(deepspeed_plugin=plugin)
         if plugin is not None:  # the wrap (the plugins' auto-wrap fields are the configuration faces' work)

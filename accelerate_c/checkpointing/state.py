@@ -332,7 +332,8 @@ def load_state(accelerator: Any, input_dir: Optional[str] = None, load_kwargs: O
         with PieceReader(input_dir, index["tensors"], sizes) as reader:
             universal.load_model(reader, index, target, strategy.model_slices(_user_model(model)),
                                  **load_model_func_kwargs)
-        strategy.slices_loaded(model)  # collective: e.g. ZeRO-1/2 re-gather full parameters from the shards
+        # collective: e.g. ZeRO-1/2 re-gather full parameters from the shards (a layout object without it: nothing)
+        getattr(strategy, "slices_loaded", lambda m: None)(model)
 
     def need(kind: str, objs: list, names: list) -> None:
         if len(objs) > len(names):

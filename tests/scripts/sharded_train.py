@@ -143,16 +143,21 @@ def emulate(args: argparse.Namespace) -> None:
 
 def distributed(args: argparse.Namespace) -> None:
     from accelerate_c import Accelerator
-    from accelerate_c.utils.sharding_plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    from accelerate_c import DeepSpeedPlugin, FullyShardedDataParallelPlugin
     if args.face == "fsdp":
         name = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}[args.stage]
         if args.hybrid:
             name = {2: "HYBRID_SHARD_ZERO2", 3: "HYBRID_SHARD"}[args.stage]
-        plugins = {"fsdp_plugin": FullyShardedDataParallelPlugin(sharding_strategy=name,
-                                                                 reshard_after_forward=not args.no_reshard)}
+        plugins = {"fsdp_plugin": FullyShardedDataParallelPlugin(sharding_strategy=name)}
     else:
-        plugins = {"deepspeed_plugin": DeepSpeedPlugin(zero_stage=args.stage,
-                                                       gradient_clipping=args.ds_clip or None)}
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        ds = {"train_micro_batch_size_per_gpu": args.global_batch // world,
+              "gradient_accumulation_steps": args.grad_accum, "zero_optimization": {"stage": args.stage}}
+        if args.ds_clip:
+            ds["gradient_clipping"] = args.ds_clip
+        if args.bf16:
+            ds["bf16"] = {"enabled": True}
+        plugins = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=ds)}
     # bf16 through the DeepSpeed face: the Accelerator's mixed_precision; through the FSDP face: param_dtype
     mp = "bf16" if args.bf16 and args.face == "ds" else "no"
     acc = Accelerator(cpu=True, gradient_accumulation_steps=args.grad_accum, mixed_precision=mp, **plugins)
@@ -163,7 +168,10 @@ def distributed(args: argparse.Namespace) -> None:
                                               transformer_layer_cls=cls, min_num_params=min_params,
                                               ignored_modules=(args.ignore,) if args.ignore else (),
                                               param_dtype=torch.bfloat16 if args.bf16 and mp == "no" else None,
-                                              activation_checkpointing=args.ac)
+                                              activation_checkpointing=args.ac,
+                                              # FSDP2's reshard_after_forward=False on FULL_SHARD (the FSDP face maps
+                                              # a plugin's False to SHARD_GRAD_OP, as `accelerate to-fsdp2` does)
+                                              reshard_after_forward=not args.no_reshard)
     assert acc.strategy.name == "sharded" and acc.strategy.stage == args.stage, (acc.strategy.name, args.stage)
     n, r, kind = acc.num_processes, acc.process_index, args.model
     model = build(kind)
