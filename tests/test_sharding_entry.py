@@ -190,11 +190,11 @@ def test_several_deepspeed_plugins_select():
         accelerate_c.Accelerator(cpu=True, fsdp_plugin=object())
 
 
-def test_prepare_objects_hook_replaces_dummies(monkeypatch):
-    """Accelerator.prepare asks the strategy first (the sharded strategy wires prepare_deepspeed_objects there)."""
+def test_prepare_objects_hook_replaces_dummies():
+    """Accelerator.prepare asks the strategy first; any strategy resolves DeepSpeed's Dummy objects and "auto"
+    values, the single-process one included (it once passed the DummyOptim through unreplaced)."""
     import accelerate_c
     from accelerate_c.optim import AdamW
-    from accelerate_c.sharding.deepspeed_json import prepare_deepspeed_objects
     from accelerate_c.utils import DeepSpeedPlugin, DummyOptim, DummyScheduler
     plugin = DeepSpeedPlugin(hf_ds_config={
         "zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
@@ -202,9 +202,7 @@ def test_prepare_objects_hook_replaces_dummies(monkeypatch):
         "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto", "warmup_min_lr": "auto",
                                                      "warmup_max_lr": "auto"}}})
     acc = accelerate_c.Accelerator(cpu=True, deepspeed_plugin=plugin, gradient_accumulation_steps=2)
-    monkeypatch.setattr(acc.strategy, "prepare_objects",
-                        lambda objs, accelerator: prepare_deepspeed_objects(accelerator.deepspeed_plugin, objs,
-                                                                            accelerator))
+    assert acc.strategy.name == "single"
     model = torch.nn.Linear(3, 1)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 3), torch.randn(8, 1)),
                                          batch_size=2)

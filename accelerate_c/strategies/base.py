@@ -117,10 +117,15 @@ class Strategy:
     # -- preparation -----------------------------------------------------------------------------------
     def prepare_objects(self, objects: list, accelerator: Any) -> list:
         """Called by Accelerator.prepare with all the objects of one call before any is prepared; returns the list
-        to prepare (same length and order), e.g. with placeholders replaced by real objects (DeepSpeed's DummyOptim /
-        DummyScheduler: sharding/deepspeed_json.prepare_deepspeed_objects). `accelerator` is the calling
-        Accelerator (run settings such as gradient_accumulation_steps may be updated). Default: unchanged."""
-        return objects
+        to prepare (same length and order). Under a DeepSpeedPlugin (any strategy, one process included): the
+        DeepSpeed face's "auto" values and DummyOptim / DummyScheduler placeholders resolved
+        (sharding/deepspeed_json.prepare_deepspeed_objects); `accelerator` is the calling Accelerator (run settings
+        such as gradient_accumulation_steps may be updated). Otherwise unchanged."""
+        plugin = self.ctx.handlers.get("DeepSpeedPlugin")
+        if plugin is None:
+            return objects
+        from ..sharding.deepspeed_json import prepare_deepspeed_objects
+        return prepare_deepspeed_objects(plugin, objects, accelerator)
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
         if device_placement:

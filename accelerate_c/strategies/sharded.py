@@ -54,13 +54,11 @@ class ShardedDataParallel(BucketedDataParallel):
     config: ShardedConfig
 
     def prepare_objects(self, objects: list, accelerator: Any) -> list:
-        """DeepSpeed's DummyOptim / DummyScheduler and "auto" values resolved (sharding/deepspeed_json.py)."""
-        plugin = self.ctx.handlers.get("DeepSpeedPlugin")
-        if plugin is None:
-            return objects
-        from ..sharding.deepspeed_json import prepare_deepspeed_objects
-        objects = prepare_deepspeed_objects(plugin, objects, accelerator)
-        self.config = self.config.with_resolved_deepspeed()
+        """The base class resolves DeepSpeed's "auto" values and Dummy objects; the engine's config then re-reads
+        what they filled (clipping, accumulation, buckets)."""
+        objects = super().prepare_objects(objects, accelerator)
+        if "DeepSpeedPlugin" in self.ctx.handlers:
+            self.config = self.config.with_resolved_deepspeed()
         return objects
 
     @classmethod
