@@ -68,6 +68,23 @@ def _restore_plugin_env():
     os.environ.update(before)
 
 
+@pytest.fixture
+def sharding_env(monkeypatch):
+    """No FSDP_* / ACCELERATE_* variable from outside, both libraries' states reset before and after, and
+    os.environ restored whole afterwards (the plugins and the Accelerator set variables, as HF's do)."""
+    saved = dict(os.environ)
+    for k in list(os.environ):
+        if k.startswith(("FSDP_", "ACCELERATE_")):
+            monkeypatch.delenv(k)
+    for m in ("accelerate", "accelerate_c"):
+        reset_state(m)
+    yield
+    for m in ("accelerate", "accelerate_c"):
+        reset_state(m)
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 def clean_env(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "LOCAL_RANK", "WORLD_SIZE",
                                                                     "MASTER_", "LOCAL_WORLD_SIZE"))}

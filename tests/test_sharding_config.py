@@ -9,7 +9,6 @@
 import dataclasses
 import json
 import math
-import os
 import types
 
 import pytest
@@ -22,7 +21,6 @@ from accelerate_c.sharding.config import ShardedConfig
 from accelerate_c.sharding.deepspeed_json import DeepSpeedConfigError, prepare_deepspeed_objects
 from accelerate_c.utils.deepspeed_plugin import DeepSpeedPlugin, DummyOptim, DummyScheduler
 from accelerate_c.utils.sharding_plugins import FullyShardedDataParallelPlugin as FSDP
-from conftest import reset_state
 
 HF_FSDP, HF_DS = hf_utils.FullyShardedDataParallelPlugin, hf_utils.DeepSpeedPlugin
 FSDP_VARS = ["VERSION", "SHARDING_STRATEGY", "RESHARD_AFTER_FORWARD", "OFFLOAD_PARAMS", "MIN_NUM_PARAMS",
@@ -32,19 +30,9 @@ FSDP_VARS = ["VERSION", "SHARDING_STRATEGY", "RESHARD_AFTER_FORWARD", "OFFLOAD_P
 
 
 @pytest.fixture(autouse=True)
-def _clean(monkeypatch):
+def _clean(sharding_env):
     """No sharding variable from outside; os.environ restored (plugins and the Accelerator set some)."""
-    saved = dict(os.environ)
-    for k in list(os.environ):
-        if k.startswith(("FSDP_", "ACCELERATE_")):
-            monkeypatch.delenv(k)
-    for m in ("accelerate", "accelerate_c"):
-        reset_state(m)
     yield
-    for m in ("accelerate", "accelerate_c"):
-        reset_state(m)
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def _fields(plugin, cls=HF_FSDP):

@@ -25,20 +25,10 @@ PREFIXES = ("FSDP_", "ACCELERATE_DEEPSPEED_", "ACCELERATE_USE_FSDP", "ACCELERATE
 
 
 @pytest.fixture(autouse=True)
-def _clean(monkeypatch, tmp_path):
-    saved = dict(os.environ)
-    for k in list(os.environ):
-        if k.startswith(("FSDP_", "ACCELERATE_")):
-            monkeypatch.delenv(k)
+def _clean(sharding_env, monkeypatch, tmp_path):
     monkeypatch.setenv("ACCELERATE_C_CONFIG_DIR", str(tmp_path / "ours"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    for m in ("accelerate", "accelerate_c"):
-        reset_state(m)
     yield
-    for m in ("accelerate", "accelerate_c"):
-        reset_state(m)
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def _ours(argv):
