@@ -158,6 +158,16 @@ def step_median(times: list[float], warmup: int) -> float:
     return statistics.median(times[warmup:])
 
 
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The ~20M GPT's shape, batch and seed (make_model / make_batches), shared with zero_step.py."""
+    p.add_argument("--batch", type=int, default=2, help="per process")
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--n_layer", type=int, default=6)
+    p.add_argument("--n_embd", type=int, default=512)
+    p.add_argument("--n_head", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="DDP step cost: accelerate_c vs HF Accelerate vs no communication")
     p.add_argument("--quick", action="store_true", help="short smoke run (1 round, few steps)")
@@ -165,12 +175,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--warmup", type=int, default=4)
-    p.add_argument("--batch", type=int, default=2, help="per process")
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--n_layer", type=int, default=6)
-    p.add_argument("--n_embd", type=int, default=512)
-    p.add_argument("--n_head", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
+    add_model_args(p)
     p.add_argument("--paired", type=int, default=0, help="after the timed steps, N synced and N no_sync "
                    "steps alternating in the same processes (a noise-robust second estimate of the cost)")
     p.add_argument("--bucket_mb", type=float, default=0, help="DistributedDataParallelKwargs(bucket_cap_mb) "

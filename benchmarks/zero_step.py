@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from ddp_step import free_port, make_batches, make_model  # noqa: E402  (the same model and data)
+from ddp_step import add_model_args, free_port, make_batches, make_model  # noqa: E402  (the same model and data)
 from _results import append_results  # noqa: E402
 
 KINDS = ("ddp", "ddp_nosplit", "z1", "z2", "z3", "fsdp2")
@@ -72,9 +72,12 @@ def worker(args) -> None:
         import dataclasses
         from accelerate_c import Accelerator
         from accelerate_c import DeepSpeedPlugin
-        plugin = DeepSpeedPlugin(zero_stage=int(args.worker[1])) if args.worker.startswith("z") else None
+        plugin = None
+        if args.worker.startswith("z"):
+            plugin = DeepSpeedPlugin(hf_ds_config={"train_micro_batch_size_per_gpu": args.batch,
+                                                   "zero_optimization": {"stage": int(args.worker[1])}})
         acc = Accelerator(deepspeed_plugin=plugin)
-        if plugin is not None:  # the wrap (the plugins' auto-wrap fields are the configuration faces' work)
+        if plugin is not None:  # one unit per Block (DeepSpeed's JSON has no wrap policy; FSDP2's would be the same)
             acc.strategy.config = dataclasses.replace(acc.strategy.config, auto_wrap_policy="transformer_based_wrap",
                                                       transformer_layer_cls=("Block",))
         model = make_model(args)
@@ -127,12 +130,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--batch", type=int, default=2, help="per process")
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--n_layer", type=int, default=6)
-    p.add_argument("--n_embd", type=int, default=512)
-    p.add_argument("--n_head", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
+    add_model_args(p)
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--worker", choices=["ddp", "z1", "z2", "z3", "fsdp2"], help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
