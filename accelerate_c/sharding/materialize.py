@@ -30,18 +30,21 @@ def _post_order(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.M
     yield prefix[:-1], module
 
 
+def _is_hf(m: nn.Module) -> bool:
+    """A transformers PreTrainedModel (by what is used of it: its config and its own weight initialiser)."""
+    return hasattr(m, "config") and callable(getattr(m, "_initialize_weights", None))
+
+
 def _init_fn(root: nn.Module) -> Callable[[nn.Module], None]:
     """The function that initialises one module's own tensors (see the header)."""
-    hf_init = getattr(root, "_initialize_weights", None)
     owners: dict[int, Callable[[nn.Module], None]] = {}
-    if callable(hf_init) and hasattr(root, "config"):
+    if _is_hf(root):
         # a nested PreTrainedModel initialises its own subtree with its own _init_weights (transformers' smart_apply)
         def assign(m: nn.Module, fn: Callable[[nn.Module], None]) -> None:
             for child in m.children():
-                sub = getattr(child, "_initialize_weights", None)
-                assign(child, sub if callable(sub) and hasattr(child, "config") else fn)
+                assign(child, child._initialize_weights if _is_hf(child) else fn)
             owners[id(m)] = fn
-        assign(root, hf_init)
+        assign(root, root._initialize_weights)
 
         def init(m: nn.Module) -> None:
             fn = owners[id(m)]
@@ -76,7 +79,7 @@ def materialize_stream(model: nn.Module, sink: Sink, device: torch.device | str 
     is the largest unit (plus tied tensors kept until their last use)."""
     device = torch.device(device)
     init = _init_fn(model)
-    hf = hasattr(model, "config") and callable(getattr(model, "_initialize_weights", None))
+    hf = _is_hf(model)
     order = list(_post_order(model))
     pos = {id(m): i for i, (_, m) in enumerate(order)}
     boundary = {id(model)} | {id(u) for u in (units or [])}
@@ -139,7 +142,7 @@ def reinitialize(model: nn.Module) -> nn.Module:
             if hasattr(t, "_is_hf_initialized"):
                 t._is_hf_initialized = False
     init = _init_fn(model)
-    hf = hasattr(model, "config") and callable(getattr(model, "_initialize_weights", None))
+    hf = _is_hf(model)
     for _, m in _post_order(model):
         if hf or any(True for _ in m.parameters(recurse=False)) or any(True for _ in m.buffers(recurse=False)):
             init(m)
