@@ -1,13 +1,12 @@
 # accelerate_c/state.py: the process-wide state singletons HF scripts import directly:
-# PartialState (who am I, which device, the process group), AcceleratorState (adds the precision mode)
-# and GradientState (accumulation / end-of-dataloader bookkeeping shared with the dataloaders).
+# PartialState (who am I, which device, the process group), AcceleratorState (adds the precision mode and the
+# sharding plugins); GradientState lives in gradient_state.py and is re-exported here (HF's import path).
 # They are "Borg" objects (every instance shares one __dict__), as in HF Accelerate.
 # Not for: backend decisions beyond picking the device and the process-group backend (strategies do that).
 from __future__ import annotations
 
 import os
 import warnings
-import weakref
 from contextlib import contextmanager
 from datetime import timedelta
 from functools import partial
@@ -17,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from .probes import StateProbes
-from .utils.dataclasses import DistributedType, GradientAccumulationPlugin
+from .gradient_state import GradientState  # noqa: F401  (HF's import path: accelerate.state)
+from .utils.dataclasses import DistributedType
 
 _RESET_TEXT = (
     "`{cls}` object has no attribute `{name}`. This happens if `{cls}._reset_state()` was called and "
@@ -383,98 +383,3 @@ def sharding_plugins(fsdp_plugin: Any, deepspeed_plugin: Any) -> tuple[Any, Any]
         raise ValueError("Accelerator: pass either fsdp_plugin or deepspeed_plugin (or set ACCELERATE_USE_FSDP / "
                          "ACCELERATE_USE_DEEPSPEED), not both")
     return fsdp_plugin, deepspeed_plugin
-
-
-class GradientState:
-    """Accumulation and dataloader bookkeeping shared by the Accelerator, its optimizers/schedulers and the
-    prepared dataloaders. While an Accelerator exists, `sync_gradients` is the C field of that Accelerator
-    (accelerate_c._C.Accelerator._sync_gradients), so the per-step path is one C attribute."""
-
-    _shared_state: dict[str, Any] = {}
-
-    def __init__(self, gradient_accumulation_plugin: Optional[GradientAccumulationPlugin] = None) -> None:
-        self.__dict__ = self._shared_state
-        if not self.initialized:
-            self._sync_gradients = True
-            self._owner_ref = None
-            self._dataloader_references_ref = [None]
-            self.plugin_kwargs = gradient_accumulation_plugin.to_kwargs() if gradient_accumulation_plugin else {}
-        if gradient_accumulation_plugin is not None and self.plugin_kwargs != gradient_accumulation_plugin.to_kwargs():
-            self.plugin_kwargs = gradient_accumulation_plugin.to_kwargs()
-
-    @property
-    def initialized(self) -> bool:
-        return GradientState._shared_state != {}
-
-    def _attach(self, accelerator: Any) -> None:
-        self._owner_ref = weakref.ref(accelerator)
-        accelerator._sync_gradients = self._sync_gradients
-
-    def _owner(self) -> Any:
-        ref = self.__dict__.get("_owner_ref")
-        return ref() if ref is not None else None
-
-    @property
-    def sync_gradients(self) -> bool:
-        owner = self._owner()
-        return bool(owner._sync_gradients) if owner is not None else self._sync_gradients
-
-    @sync_gradients.setter
-    def sync_gradients(self, value: bool) -> None:
-        self._set_sync_gradients(value)
-
-    def _set_sync_gradients(self, sync_gradients: bool) -> None:
-        self._sync_gradients = bool(sync_gradients)
-        owner = self._owner()
-        if owner is not None:
-            owner._sync_gradients = bool(sync_gradients)
-
-    @property
-    def num_steps(self) -> int:
-        return self.plugin_kwargs.get("num_steps", 1)
-
-    @property
-    def adjust_scheduler(self) -> bool:
-        return self.plugin_kwargs.get("adjust_scheduler", False)
-
-    @property
-    def sync_with_dataloader(self) -> bool:
-        return self.plugin_kwargs.get("sync_with_dataloader", True)
-
-    @property
-    def end_of_dataloader(self) -> bool:
-        return bool(self.active_dataloader.end_of_dataloader) if self.in_dataloader else False
-
-    @property
-    def remainder(self) -> int:
-        return self.active_dataloader.remainder if self.in_dataloader else -1
-
-    @property
-    def dataloader_references(self) -> list:
-        return [r() if r is not None else None for r in self._dataloader_references_ref]
-
-    @dataloader_references.setter
-    def dataloader_references(self, references: list) -> None:
-        self._dataloader_references_ref = [weakref.ref(d) if d is not None else None for d in references]
-
-    @property
-    def active_dataloader(self) -> Any:
-        return self.dataloader_references[-1]
-
-    @property
-    def in_dataloader(self) -> bool:
-        return self.active_dataloader is not None
-
-    def _add_dataloader(self, dataloader: Any) -> None:
-        self.dataloader_references = self.dataloader_references + [dataloader]
-
-    def _remove_dataloader(self, dataloader: Any) -> None:
-        self.dataloader_references = [d for d in self.dataloader_references if d is not dataloader]
-
-    def __repr__(self) -> str:
-        return (f"Sync Gradients: {self.sync_gradients}\nAt end of current dataloader: {self.end_of_dataloader}\n"
-                f"Extra samples added: {self.remainder}\nGradient accumulation plugin: {self.plugin_kwargs}\n")
-
-    @staticmethod
-    def _reset_state() -> None:
-        GradientState._shared_state.clear()

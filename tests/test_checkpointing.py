@@ -6,7 +6,6 @@ import json
 import os
 import pickle
 import random
-import socket
 import sys
 import textwrap
 import time
@@ -21,7 +20,7 @@ from accelerate_c.checkpointing import (CheckpointError, decode, encode, load_st
 from accelerate_c.checkpointing import atomic
 from accelerate_c.utils.dataclasses import ProjectConfiguration
 from bitwise import same
-from conftest import Job, describe_all, finish_all
+from conftest import Job, describe_all, finish_all, free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -490,18 +489,12 @@ os._exit(0)  # no interpreter teardown: it can race torch's gloo worker threads 
 """
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_process_gloo_rng_per_rank(tmp_path):
     single = save_state(FakeAccelerator(seed=3), str(tmp_path / "single"))
     script = tmp_path / "gloo.py"
     script.write_text(GLOO_SCRIPT.format(repo=REPO, tests=os.path.dirname(__file__)))
     out = str(tmp_path / "ck")
-    port = str(_free_port())
+    port = str(free_port())
     jobs = [Job([sys.executable, str(script), str(r), port, out, single], str(tmp_path / "logs"), f"rank{r}")
             for r in range(2)]
     results = finish_all(jobs, 300)  # output in files, both shown on failure; a hang is killed at the guard

@@ -3,7 +3,6 @@
 # prepare_data_loader against HF Accelerate 1.15 run the same way. The run is shared by the tests below.
 import json
 import os
-import socket
 import sys
 from collections import namedtuple
 
@@ -12,21 +11,15 @@ import torch
 
 import accelerate.utils.operations as hops
 from accelerate_c.utils import operations as ops
-from conftest import Job, describe_all, finish_all
+from conftest import Job, describe_all, finish_all, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def dist_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
-    port = _free_port()
+    port = free_port()
     jobs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
