@@ -30,34 +30,36 @@ def _compare(ref, got, nproc, steps, tol=1e-5):
         assert all(abs(x - y) <= tol * max(1.0, abs(x)) for x, y in zip(la, lb)), (r, la, lb)
 
 
-CASES = [  # sharding, steps per rank, grad accumulation, extra args
-    ("ds:1", "3,5", 1, ["--clip", "0.3"]),
-    ("ds:1", "3,6", 2, ["--sched"]),                          # rank 0 runs out mid-accumulation
-    ("ds:2", "6,2,4", 2, ["--ds_clip", "0.3"]),               # rank 0 done first, rank 1 earlier still
-    ("fsdp:2", "3,6", 2, ["--clip", "0.3", "--wrap", "size"]),
-    ("ds:3", "6,2,4", 2, ["--wrap", "size", "--clip", "0.3"]),
-    ("fsdp:3", "3,5", 1, ["--sched"]),
-    ("fsdp:3", "3,6", 2, ["--wrap", "size", "--ds_clip", "0"]),
-    ("ds:1", "4,3", 2, ["--loader"]),                          # rank 1 syncs at its last batch alone
-    ("fsdp:2", "3,3,2", 2, ["--loader", "--clip", "0.3"]),
-    ("fsdp:3", "4,3", 2, ["--loader", "--wrap", "size", "--sched"]),
+CASES = [  # id, sharding, steps per rank, grad accumulation, extra args, environment
+    ("z1-clip", "ds:1", "3,5", 1, ["--clip", "0.3"], {}),
+    ("z1-midaccum-sched", "ds:1", "3,6", 2, ["--sched"], {}),          # rank 0 runs out mid-accumulation
+    ("z2-3ranks-dsclip", "ds:2", "6,2,4", 2, ["--ds_clip", "0.3"], {}),  # rank 0 done first, rank 1 earlier still
+    ("fsdp2-midaccum-units-clip", "fsdp:2", "3,6", 2, ["--clip", "0.3", "--wrap", "size"], {}),
+    ("fsdp3-midaccum-units-sched-torchcomm", "fsdp:3", "3,6", 2, ["--wrap", "size", "--sched", "--clip", "0.3"],
+     {"ACCELERATE_C_COMM": "torch"}),
+    ("z1-loader-lonesync", "ds:1", "4,3", 2, ["--loader"], {}),       # rank 1 syncs at its last batch alone
+    ("fsdp2-loader-3ranks-clip", "fsdp:2", "3,3,2", 2, ["--loader", "--clip", "0.3"], {}),
+    ("fsdp3-loader-lonesync-units-sched", "fsdp:3", "4,3", 2, ["--loader", "--wrap", "size", "--sched"], {}),
 ]
 
 
-@pytest.mark.parametrize("sharding,steps,ga,extra", CASES)
-def test_sharded_join_uneven_inputs(tmp_path, run, sharding, steps, ga, extra):
+@pytest.mark.parametrize("sharding,steps,ga,extra,env", [pytest.param(*c[1:], id=c[0]) for c in CASES])
+def test_sharded_join_uneven_inputs(tmp_path, run, sharding, steps, ga, extra, env):
     args = ["--steps_per_rank", steps, "--grad_accum", str(ga)] + extra
     run("join_train.py", args + ["--emulate", "--out", str(tmp_path / "ref")], nproc=1, timeout=120)
     nproc = len(steps.split(","))
     run("join_train.py", args + ["--sharding", sharding, "--out", str(tmp_path / "got")], nproc=nproc,
-        launcher="accelerate_c", timeout=240)
+        launcher="accelerate_c", timeout=240, env=env)
     _compare(tmp_path / "ref", tmp_path / "got", nproc, [int(s) for s in steps.split(",")])
 
 
 def test_sharded_join_matches_ddp_join(tmp_path, run):
-    """The same uneven run (no rank out mid-accumulation: what our DDP join drops) under ZeRO-3 and stage 0."""
+    """ZeRO-3 with a unit per layer on 3 ranks against the same uneven run under our stage-0 DDP join (no rank runs out
+    mid-accumulation: gradients our DDP join would drop) and against the emulation."""
     args = ["--steps_per_rank", "6,2,4", "--grad_accum", "2", "--clip", "0.3"]
-    for name, sharding in (("ddp", "fsdp:0"), ("z3", "ds:3")):
-        run("join_train.py", args + ["--sharding", sharding, "--out", str(tmp_path / name)], nproc=3,
-            launcher="accelerate_c", timeout=240)
+    run("join_train.py", args + ["--emulate", "--out", str(tmp_path / "ref")], nproc=1, timeout=120)
+    for name, extra in (("ddp", ["--sharding", "fsdp:0"]), ("z3", ["--sharding", "ds:3", "--wrap", "size"])):
+        run("join_train.py", args + extra + ["--out", str(tmp_path / name)], nproc=3, launcher="accelerate_c",
+            timeout=240)
     _compare(tmp_path / "ddp", tmp_path / "z3", 3, [6, 2, 4])
+    _compare(tmp_path / "ref", tmp_path / "z3", 3, [6, 2, 4])
