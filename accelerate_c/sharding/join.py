@@ -77,7 +77,7 @@ class ShardedJoin:
         self.switch = model._grad_sync            # the strategy's _SyncSwitch
         self.comm = self.engine.comm
         self.world, self.rank = strategy.state.num_processes, strategy.state.process_index
-        self.optimizers = [o for o in strategy._join_optims if any(sp.owns(o) for sp in strategy.sharded)]
+        self.optimizers = list(strategy._join_optims)   # the prepared optimizers; a STEP names one by index
         self.hkeys = [_hyper_keys(o) for o in self.optimizers]
         self.size = self.world + 1 + NFIELDS + max([len(k) for k in self.hkeys] + [0])
         self.shadowing = False
@@ -109,8 +109,9 @@ class ShardedJoin:
             v[self.world] = kind
             for k, x in enumerate(fields):
                 v[self.world + 1 + k] = float(x)
+        v = v.to(self.comm.device)  # NCCL reduces no CPU tensor
         self.comm.all_reduce(v, "max", control=True, world=True)
-        return v
+        return v.cpu()
 
     def _active(self, v: torch.Tensor) -> list[int]:
         return [r for r in range(self.world) if v[r] > 0]
@@ -193,7 +194,7 @@ class ShardedJoin:
         for i, o in enumerate(self.optimizers):
             if o is optimizer:
                 return i
-        raise ValueError("join_uneven_inputs: an optimizer that is not over the joined sharded model stepped inside "
+        raise ValueError("join_uneven_inputs: an optimizer that was not prepared by this Accelerator stepped inside "
                          "the context")
 
     def _hyper(self, i: int) -> list[float]:
