@@ -8,7 +8,8 @@
 # lr scheduler (the rank out of inputs steps with the others' lr), one unit or one unit per layer (stage 3's
 # gathers, prefetches and frees replayed), and the prepared DataLoader path with even_batches=False (a rank that
 # syncs at its own last batch while the others accumulate). One run is also checked against the same uneven run
-# under our stage-0 DDP join.
+# under our stage-0 DDP join. What is refused fails with its error, on every rank, without hanging: two prepared
+# models under the context, and under stage 3 a rank with no batch at all (it replays its last batch).
 # Not for: stage 0's join itself (tests/test_join.py).
 import json
 
@@ -63,3 +64,13 @@ def test_sharded_join_matches_ddp_join(tmp_path, run):
             timeout=240)
     _compare(tmp_path / "ddp", tmp_path / "z3", 3, [6, 2, 4])
     _compare(tmp_path / "ref", tmp_path / "z3", 3, [6, 2, 4])
+
+
+@pytest.mark.parametrize("sharding,steps,extra,message", [
+    ("ds:2", "3,4", ["--second_model"], "takes exactly one prepared model"),
+    ("fsdp:3", "0,3", [], "rank 0 ran out of inputs before running any forward"),
+], ids=["two-models", "z3-rank-without-batches"])
+def test_sharded_join_refuses_clearly(tmp_path, run, sharding, steps, extra, message):
+    args = ["--steps_per_rank", steps, "--sharding", sharding, "--out", str(tmp_path)] + extra
+    with pytest.raises(AssertionError, match=message):
+        run("join_train.py", args, nproc=2, launcher="accelerate_c", timeout=120)

@@ -131,11 +131,14 @@ def distributed(steps: list, ga: int, out: str, args: argparse.Namespace) -> Non
         objs.append(scheduler(objs[1]))
     if args.loader:
         objs.append(torch.utils.data.DataLoader(loader_dataset(steps), batch_size=4, shuffle=False))
+    if args.second_model:  # a second prepared model among the joinables (refused under stages 1-3)
+        objs.append(build())
     model, opt, *rest = acc.prepare(*objs)
+    joinables = [model, opt] + ([rest.pop()] if args.second_model else [])
     sched = rest[0] if args.sched else None
     batches = rest[-1] if args.loader else (data(t, r) for t in range(steps[r]))
     losses = []
-    with acc.join_uneven_inputs([model, opt], even_batches=False):
+    with acc.join_uneven_inputs(joinables, even_batches=False):
         for t, (x, y) in enumerate(batches):
             ex, ey = data(t, r)
             assert torch.equal(x, ex) and torch.equal(y, ey), f"rank {r}: batch {t} is not the one expected"
@@ -179,6 +182,7 @@ def main() -> None:
     p.add_argument("--ds_clip", type=float, default=0.0, help="DeepSpeed's gradient_clipping")
     p.add_argument("--sched", action="store_true", help="a LambdaLR scheduler stepped after each step")
     p.add_argument("--loader", action="store_true", help="a prepared DataLoader (even_batches=False)")
+    p.add_argument("--second_model", action="store_true", help="join a second prepared model too")
     args = p.parse_args()
     torch.set_num_threads(1)
     steps = [int(s) for s in args.steps_per_rank.split(",")]
