@@ -43,8 +43,9 @@ class _SyncSwitch:
             self.replicated.enabled = value
 
     def shadow(self) -> None:
-        raise NotImplementedError("join_uneven_inputs is not supported by the sharded engine (stages 1-3): "
-                                  "use even_batches=True")
+        """The collectives of a synced backward with zero gradients (stages 1/2; sharding/join.py)."""
+        from ..sharding.join import shadow_backward
+        shadow_backward(self.engine, self.replicated, True)
 
 
 @register("sharded")
@@ -74,6 +75,8 @@ class ShardedDataParallel(BucketedDataParallel):
         self._mark = 0
         self.bytes_last_step = 0         # model bytes moved by the collectives of the last step (counted)
         self.step_seconds: dict[str, float] = {}  # the last step: the optimizer on the shard, the all-gather after
+        self._join: Optional[Any] = None  # the ShardedJoin while inside join_uneven_inputs (sharding/join.py)
+        self._join_optims: list = []      # prepared optimizers, in order (a join names them by index)
 
     @property
     def stage(self) -> int:
@@ -170,6 +173,7 @@ class ShardedDataParallel(BucketedDataParallel):
         for sp in self.sharded:
             if sp.owns(optimizer):
                 sp.shard_optimizer(optimizer)
+        self._join_optims.append(optimizer)
         return optimizer
 
     def _sharded_for(self, optimizer: torch.optim.Optimizer) -> list[Any]:
@@ -184,6 +188,8 @@ class ShardedDataParallel(BucketedDataParallel):
     def step(self, optimizer: torch.optim.Optimizer, precision: Any, closure: Optional[Callable] = None) -> bool:
         if self.stage == 0:
             return super().step(optimizer, precision, closure)
+        if self._join is not None and self._join.before_step(optimizer, precision):
+            return False  # join: this rank's sync was deferred, its gradients go into the others' next step
         mine = self._sharded_for(optimizer)
         if self.config.gradient_clipping:  # DeepSpeed's, on the shard gradients
             self.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], self.config.gradient_clipping)
@@ -203,6 +209,8 @@ class ShardedDataParallel(BucketedDataParallel):
     def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
         if self.stage == 0:
             return super().zero_grad(optimizer, set_to_none)
+        if self._join is not None and self._join.before_zero_grad(optimizer, set_to_none):
+            return True
         mine = self._sharded_for(optimizer)
         for sp in mine:
             sp.zero_grad(optimizer)
@@ -221,6 +229,8 @@ class ShardedDataParallel(BucketedDataParallel):
     def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         if self.stage == 0 or not self.sharded:
             return super().clip_grad_norm_(parameters, max_norm, norm_type)
+        if self._join is not None and self._join.before_clip(max_norm, norm_type):
+            return torch.tensor(float("nan"))  # join: a deferred sync; clipped with the others' next step
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         if len(self.sharded) > 1:
             raise NotImplementedError("clip_grad_norm_ with several sharded models prepared")
@@ -235,8 +245,9 @@ class ShardedDataParallel(BucketedDataParallel):
             with super().join(joinables, enable):
                 yield
             return
-        raise NotImplementedError("join_uneven_inputs is not supported by the sharded engine (stages 1-3): use "
-                                  "even_batches=True")
+        from ..sharding.join import sharded_join
+        with sharded_join(self, joinables):
+            yield
 
     # -- state -------------------------------------------------------------------------------------------------
     def _engine_of(self, model: torch.nn.Module) -> Optional[Any]:

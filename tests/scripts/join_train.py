@@ -5,6 +5,15 @@
 # world size, buffers are broadcast from the highest active rank at a forward after a synced one (ranks that are
 # done receive it too), and at the end every rank takes the parameters and buffers of the highest rank among the
 # last to finish. Used by tests/test_join.py.
+# Options for the sharded engine (tests/test_sharded_join.py): --sharding FACE:STAGE runs under a DeepSpeedPlugin
+# ("ds") or an FSDP plugin ("fsdp") of that stage (0: our DDP), --wrap size puts each layer in its own unit, --clip /
+# --ds_clip clip at each synced step (accelerator.clip_grad_norm_ / DeepSpeed's gradient_clipping), --sched steps a
+# LambdaLR scheduler (the lr changes every step), --loader reads the batches from a prepared DataLoader with
+# even_batches=False (rank r gets every world-th batch, so --steps_per_rank must be that round robin) and then, as
+# HF's accumulate, a rank syncs at its own last batch. The reference's rules for those runs: a step happens when
+# every rank still training syncs (a rank that syncs alone mid-accumulation keeps its gradients for the next one),
+# gradients a rank accumulated before it ran out are counted in the next step, and the rank out of inputs keeps
+# stepping the model with the others (its shard must stay current), so every rank ends with the same weights.
 import argparse
 import json
 import os
@@ -29,17 +38,28 @@ def optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
 
 
-def save(out: str, r: int, model: torch.nn.Module, losses: list) -> None:
+def save(out: str, r: int, model: torch.nn.Module, losses: list, sd: dict | None = None) -> None:
     os.makedirs(out, exist_ok=True)
-    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, os.path.join(out, f"state{r}.safetensors"))
+    sd = model.state_dict() if sd is None else sd
+    save_file({k: v.detach().contiguous() for k, v in sd.items()}, os.path.join(out, f"state{r}.safetensors"))
     with open(os.path.join(out, f"losses{r}.json"), "w") as f:
         json.dump(losses, f)
 
 
-def emulate(steps: list, ga: int, out: str) -> None:
+def scheduler(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0 / (1.0 + 0.3 * k))
+
+
+def synced(t: int, ga: int, steps: list, loader: bool) -> bool:
+    """Whether micro-step t steps: every rank still training syncs (with a dataloader, also at its last batch)."""
+    return all((t + 1) % ga == 0 or (loader and t == steps[r] - 1) for r in range(len(steps)) if steps[r] > t)
+
+
+def emulate(steps: list, ga: int, out: str, args: argparse.Namespace) -> None:
     world = len(steps)
     model = build()
     opt = optimizer(model)
+    sched = scheduler(opt) if args.sched else None
     per_rank = [{k: v.clone() for k, v in model.named_buffers()} for _ in range(world)]
     losses: list = [[] for _ in range(world)]
     synced_prev = True
@@ -56,10 +76,14 @@ def emulate(steps: list, ga: int, out: str) -> None:
             (loss / (ga * world)).backward()
             per_rank[r] = {k: v.clone() for k, v in model.named_buffers()}
             losses[r].append(loss.item())
-        synced_prev = (t + 1) % ga == 0
+        synced_prev = synced(t, ga, steps, args.loader)
         if synced_prev:
+            if args.clip or args.ds_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip or args.ds_clip)
             opt.step()
             opt.zero_grad()
+            for _ in range(world if sched is not None else 0):  # HF's AcceleratedScheduler: once per process
+                sched.step()
     src = max(r for r in range(world) if steps[r] == max(steps))
     for k, b in model.named_buffers():
         b.copy_(per_rank[src][k])
@@ -67,23 +91,76 @@ def emulate(steps: list, ga: int, out: str) -> None:
         save(out, r, model, losses[r])
 
 
-def distributed(steps: list, ga: int, out: str) -> None:
+def plugins(args: argparse.Namespace, ga: int, world: int) -> dict:
+    if not args.sharding:
+        return {}
+    from accelerate_c import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    face, stage = args.sharding.split(":")
+    if face == "fsdp":
+        name = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}[int(stage)]
+        return {"fsdp_plugin": FullyShardedDataParallelPlugin(sharding_strategy=name)}
+    ds = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": ga,
+          "zero_optimization": {"stage": int(stage)}}
+    if args.ds_clip:
+        ds["gradient_clipping"] = args.ds_clip
+    return {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=ds)}
+
+
+def loader_dataset(steps: list) -> torch.utils.data.TensorDataset:
+    """Batch i of 4 samples is data(i // world, i % world): dealt round robin, rank r's t-th batch is data(t, r)."""
+    world = len(steps)
+    xs, ys = zip(*(data(i // world, i % world) for i in range(sum(steps))))
+    return torch.utils.data.TensorDataset(torch.cat(xs), torch.cat(ys))
+
+
+def distributed(steps: list, ga: int, out: str, args: argparse.Namespace) -> None:
     from accelerate_c import Accelerator
-    acc = Accelerator(cpu=True, gradient_accumulation_steps=ga)
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=ga, **plugins(args, ga, len(steps)))
     r = acc.process_index
     assert acc.num_processes == len(steps)
+    if args.sharding:
+        import dataclasses
+        stage = int(args.sharding.split(":")[1])
+        assert acc.strategy.name == ("sharded" if stage else acc.strategy.name), acc.strategy.name
+        if args.wrap == "size":  # each Linear and the BatchNorm a unit of its own, the root takes the rest
+            acc.strategy.config = dataclasses.replace(acc.strategy.config, auto_wrap_policy="size_based_wrap",
+                                                      min_num_params=20)
     model = build()
-    model, opt = acc.prepare(model, optimizer(model))
+    objs = [model, optimizer(model)]
+    if args.sched:
+        objs.append(scheduler(objs[1]))
+    if args.loader:
+        objs.append(torch.utils.data.DataLoader(loader_dataset(steps), batch_size=4, shuffle=False))
+    if args.second_model:  # a second prepared model among the joinables (refused under stages 1-3)
+        objs.append(build())
+    model, opt, *rest = acc.prepare(*objs)
+    joinables = [model, opt] + ([rest.pop()] if args.second_model else [])
+    sched = rest[0] if args.sched else None
+    batches = rest[-1] if args.loader else (data(t, r) for t in range(steps[r]))
     losses = []
-    with acc.join_uneven_inputs([model, opt], even_batches=False):
-        for t in range(steps[r]):
-            x, y = data(t, r)
+    with acc.join_uneven_inputs(joinables, even_batches=False):
+        for t, (x, y) in enumerate(batches):
+            ex, ey = data(t, r)
+            assert torch.equal(x, ex) and torch.equal(y, ey), f"rank {r}: batch {t} is not the one expected"
             with acc.accumulate(model):
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 acc.backward(loss)
+                if acc.sync_gradients and args.clip:
+                    acc.clip_grad_norm_(model.parameters(), args.clip)
                 opt.step()
+                if sched is not None:
+                    sched.step()
                 opt.zero_grad()
             losses.append(loss.item())
+    if args.sharding:  # full weights gathered unit by unit (collective under stage 3)
+        sd = {k: v.detach().clone() for k, v in acc.get_state_dict(model).items()}
+        flat = torch.cat([v.reshape(-1).float() for v in sd.values()]).unsqueeze(0)
+        every = acc.gather(flat)
+        assert all(torch.equal(every[0], every[i]) for i in range(acc.num_processes)), "ranks ended with different weights"
+        save(out, r, None, losses, sd)
+        acc.wait_for_everyone()
+        acc.end_training()
+        return
     inner = acc.unwrap_model(model)
     flat = torch.cat([p.detach().reshape(-1) for p in inner.parameters()]).unsqueeze(0)
     every = acc.gather(flat)
@@ -99,10 +176,20 @@ def main() -> None:
     p.add_argument("--grad_accum", type=int, default=1)
     p.add_argument("--emulate", action="store_true")
     p.add_argument("--out", required=True)
+    p.add_argument("--sharding", default="", help="FACE:STAGE, e.g. ds:1, fsdp:3 (fsdp:0 is our DDP)")
+    p.add_argument("--wrap", choices=("no", "size"), default="no")
+    p.add_argument("--clip", type=float, default=0.0, help="accelerator.clip_grad_norm_ at each synced step")
+    p.add_argument("--ds_clip", type=float, default=0.0, help="DeepSpeed's gradient_clipping")
+    p.add_argument("--sched", action="store_true", help="a LambdaLR scheduler stepped after each step")
+    p.add_argument("--loader", action="store_true", help="a prepared DataLoader (even_batches=False)")
+    p.add_argument("--second_model", action="store_true", help="join a second prepared model too")
     args = p.parse_args()
     torch.set_num_threads(1)
     steps = [int(s) for s in args.steps_per_rank.split(",")]
-    (emulate if args.emulate else distributed)(steps, args.grad_accum, args.out)
+    if args.loader:
+        world = len(steps)
+        assert steps == [len(range(r, sum(steps), world)) for r in range(world)], "--loader deals batches round robin"
+    (emulate if args.emulate else distributed)(steps, args.grad_accum, args.out, args)
 
 
 if __name__ == "__main__":
