@@ -246,7 +246,8 @@ def test_deepspeed_set_mixed_precision_matches_hf(mp, block):
     ({"zero_optimization": {"stage": "3"}}, "zero_optimization.stage"),
     ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}}},
      "zero_optimization.offload_param.device"),
-    ({"zero_optimization": {"stage": 2}, "fp16": {"enabled": True, "hysteresis": 2}}, "fp16.hysteresis"),
+    ({"zero_optimization": {"stage": 2}, "fp16": {"enabled": True, "fp16_master_weights_and_grads": True}},
+     "fp16.fp16_master_weights_and_grads"),
     ({"zero_optimization": {"stage": 2}, "train_batch_size": "sixteen"}, "train_batch_size"),
     ({"zero_optimization": {"stage": 2}, "optimizer": {"params": {}}}, "optimizer"),
     ({"zero_optimization": {"stage": 2}, "wall_clock_breakdown": True}, "wall_clock_breakdown"),
@@ -428,7 +429,10 @@ def test_sharded_config_from_deepspeed_plugin():
     cfg = ShardedConfig.from_sources({"DeepSpeedPlugin": plugin}, env={})
     assert (cfg.face, cfg.stage, cfg.gradient_clipping, cfg.gradient_accumulation_steps, cfg.cpu_offload,
             cfg.zero3_init, cfg.bucket_cap_mb) == ("deepspeed", 3, 0.5, 2, True, True, 4.0)
-    assert cfg.grad_scaler_kwargs == {"init_scale": 4096.0, "growth_interval": 100}
+    from accelerate_c.loss_scale import deepspeed_scaler_args  # the fp16 block is the scaler's (loss_scale.py)
+    assert deepspeed_scaler_args(plugin.deepspeed_config["fp16"]) == {
+        "static_scale": None, "init_scale": 4096.0, "scale_window": 100, "hysteresis": 2,
+        "consecutive_hysteresis": False, "min_scale": 1.0}
     assert cfg.deepspeed_config is plugin.deepspeed_config
     assert ShardedConfig.from_sources({"DeepSpeedPlugin": DeepSpeedPlugin(zero_stage=1)}, env={}).stage == 1
 
