@@ -194,3 +194,12 @@ def test_auto_wrap_callable_and_no_split_modules(tmp_path):
             assert rec["units"] == WRAP_UNITS[policy], (policy, rec["units"])
             for a, b in zip(rec["losses"], ref[0]["losses"]):
                 assert abs(a - b) <= 1e-5, (policy, rec["losses"], ref[0]["losses"])
+
+
+@pytest.mark.parametrize("face", ["ds", "fsdp"])
+def test_cpu_offload_noop_said_once_per_process(run, tmp_path, face):
+    """CPU offload on a CPU run is a no-op: each of the 2 processes says so once (one owner per face)."""
+    done = run("sharded_fp16.py", ["--face", face, "--stage", "2", "--steps", "2", "--offload", "--out",
+                                   str(tmp_path)], nproc=2, launcher="accelerate_c", timeout=180)
+    said = [line for line in (done.stdout + done.stderr).splitlines() if "UserWarning" in line and "no-op" in line]
+    assert len(said) == 2, said

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-import warnings
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
@@ -80,7 +79,6 @@ class ShardedDataParallel(BucketedDataParallel):
         return int(self.config.stage)
 
     def _check_config(self, model: Optional[torch.nn.Module] = None) -> None:
-        c = self.config
         # cpu_ram_efficient_loading / zero3_init change how a model is constructed; a model that is already real
         # (the usual case, and what HF's launcher defaults give) needs nothing from them. Materialising a model
         # on the meta device shard by shard (sharding/materialize.py) is not wired into the engine yet.
@@ -88,9 +86,8 @@ class ShardedDataParallel(BucketedDataParallel):
             raise NotImplementedError("sharded engine: the model has tensors on the meta device; sharded "
                                       "construction (cpu_ram_efficient_loading / zero3_init) is not implemented "
                                       "yet: build the model on the CPU")
-        if c.cpu_offload:
-            warnings.warn("accelerate_c: cpu_offload is a no-op here: parameters and optimizer state are already in "
-                          "CPU memory")
+        # cpu_offload on a CPU run is a no-op, said once per process by its face: the FSDP plugin's in
+        # AcceleratorState (state.py), DeepSpeed's JSON at prepare (deepspeed_json._say_offload_is_noop)
 
     def _engine_config(self) -> ShardedConfig:
         """The Accelerator's mixed_precision="bf16" / "fp16" means a bf16 / fp16 compute copy unless param_dtype

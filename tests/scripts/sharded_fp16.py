@@ -34,6 +34,7 @@ def main() -> None:
     p.add_argument("--fp16", default="{}", help="DeepSpeed face: the JSON fp16 block (enabled added)")
     p.add_argument("--scaler", default="{}", help="FSDP face: GradScalerKwargs as JSON")
     p.add_argument("--clip", type=float, default=0.0, help="accelerator.clip_grad_norm_ each step")
+    p.add_argument("--offload", action="store_true", help="CPU offload (a no-op on CPU: said once per process)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -44,12 +45,14 @@ def main() -> None:
     handlers = []
     if args.face == "fsdp":
         name = {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}[args.stage]
-        plugins = {"fsdp_plugin": FullyShardedDataParallelPlugin(sharding_strategy=name)}
+        plugins = {"fsdp_plugin": FullyShardedDataParallelPlugin(sharding_strategy=name, cpu_offload=args.offload)}
         handlers = [GradScalerKwargs(**json.loads(args.scaler))]
         mp = "fp16"
     else:
         ds = {"train_micro_batch_size_per_gpu": args.global_batch // world, "gradient_accumulation_steps": 1,
               "zero_optimization": {"stage": args.stage}, "fp16": {"enabled": True, **json.loads(args.fp16)}}
+        if args.offload:
+            ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
         plugins = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=ds)}
         mp = None  # from the JSON, as HF
     acc = Accelerator(cpu=True, mixed_precision=mp, kwargs_handlers=handlers, **plugins)
