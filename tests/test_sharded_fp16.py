@@ -203,3 +203,28 @@ def test_cpu_offload_noop_said_once_per_process(run, tmp_path, face):
                                    str(tmp_path)], nproc=2, launcher="accelerate_c", timeout=180)
     said = [line for line in (done.stdout + done.stderr).splitlines() if "UserWarning" in line and "no-op" in line]
     assert len(said) == 2, said
+
+
+# -- save_model: what HF writes (its Accelerator.get_state_dict under DeepSpeed / FSDP) ----------------------------
+SAVE_CASES = [  # face, stage, nproc, extra, expected dtypes (None: HF's ZeRO-3 error)
+    ("ds", 2, 2, [], ["torch.float16"]),              # ZeRO 1/2: the module's own (fp16) weights
+    ("ds", 3, 2, [], None),                           # ZeRO-3 without the flag: HF raises, writes nothing
+    ("ds", 3, 2, ["--gather16"], ["torch.float16"]),  # ZeRO-3 with it: the gathered 16-bit weights
+    ("fsdp", 3, 2, [], ["torch.float32"]),            # FSDP: the full fp32 state dict, whatever state_dict_type
+    ("ds", 2, 1, [], ["torch.float16"]),              # one process under a DeepSpeedPlugin: DeepSpeed's engine too
+    ("ds", 3, 1, [], None),
+]
+
+
+@pytest.mark.parametrize("face,stage,nproc,extra,dtypes", SAVE_CASES,
+                         ids=[f"{c[0]}-z{c[1]}-n{c[2]}{''.join(c[3])}" for c in SAVE_CASES])
+def test_save_model_dtype_like_hf(run, tmp_path, face, stage, nproc, extra, dtypes):
+    run("sharded_fp16.py", ["--face", face, "--stage", str(stage), "--steps", "2", "--save_model", "--out",
+                            str(tmp_path)] + extra, nproc=nproc, launcher="accelerate_c", timeout=180)
+    for r in range(nproc):
+        rec = json.loads((tmp_path / f"record{r}.json").read_text())
+        if dtypes is None:
+            assert "stage3_gather_16bit_weights_on_model_save" in rec.get("save_error", ""), rec
+            assert not (tmp_path / "model").exists() or not any((tmp_path / "model").iterdir())
+        else:
+            assert rec.get("saved_dtypes") == dtypes and rec["saved_equal"], rec

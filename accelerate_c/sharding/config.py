@@ -46,7 +46,6 @@ class ShardedConfig(DDPConfig):
     deepspeed_config: Mapping[str, Any] = field(default_factory=dict)  # the resolved JSON ("auto" filled at prepare)
     auto_wrap_callable: Optional[Callable[..., Any]] = None  # auto_wrap_policy "callable": the user's policy function
     activation_checkpointing_offload: bool = False  # FSDP2: checkpointed inputs kept in CPU memory (CPU runs: as is)
-    save_16bit_model: bool = False            # DeepSpeed stage3_gather_16bit_weights_on_model_save (save_model)
 
     def with_resolved_deepspeed(self) -> "ShardedConfig":
         """This config with the DeepSpeed fields re-read from `deepspeed_config` after prepare filled its "auto"
@@ -145,9 +144,9 @@ def fields_from_deepspeed_plugin(plugin: Any) -> dict[str, Any]:
 def _fields_from_deepspeed_json(config: Mapping[str, Any]) -> dict[str, Any]:
     """The fields that "auto" values may still hide until prepare (see ShardedConfig.with_resolved_deepspeed)."""
     zero = config.get("zero_optimization", {})
-    fields: dict[str, Any] = {"save_16bit_model": zero.get("stage3_gather_16bit_weights_on_model_save") is True}
-    # gradient_clipping is StrategyConfig's (every strategy's step applies it); absent or 0: no clipping
-    fields["gradient_clipping"] = deepspeed_clipping(config)
+    # gradient_clipping is StrategyConfig's (every strategy's step applies it); absent or 0: no clipping.
+    # stage3_gather_16bit_weights_on_model_save is read by Strategy.saved_weights_dtype (save_model, any strategy)
+    fields: dict[str, Any] = {"gradient_clipping": deepspeed_clipping(config)}
     ga = config.get("gradient_accumulation_steps")
     if isinstance(ga, int) and not isinstance(ga, bool):
         fields["gradient_accumulation_steps"] = ga

@@ -223,6 +223,25 @@ class Strategy:
         from ..utils.other import extract_model_from_parallel
         return (extract_model_from_parallel(model) if unwrap else model).state_dict()
 
+    def saved_weights_dtype(self) -> Optional[torch.dtype]:
+        """The dtype `Accelerator.save_model` writes floating tensors in: None = as held (fp32, HF's FSDP and plain
+        runs). Under a DeepSpeedPlugin, what HF's DeepSpeed engine hands it: the fp16/bf16 compute dtype when the
+        JSON enables one (ZeRO 0-2: the module's own half weights; ZeRO-3: the gathered 16-bit weights), and under
+        ZeRO-3 only with stage3_gather_16bit_weights_on_model_save, else HF's error (on every rank, before any
+        collective)."""
+        plugin = self.ctx.handlers.get("DeepSpeedPlugin")
+        if plugin is None:
+            return None
+        zero = (getattr(plugin, "deepspeed_config", None) or {}).get("zero_optimization", {})
+        if zero.get("stage") == 3 and zero.get("stage3_gather_16bit_weights_on_model_save") is not True:
+            raise ValueError("Cannot get 16bit model weights because `stage3_gather_16bit_weights_on_model_save` in "
+                             "DeepSpeed config is False. To save the model weights in 16bit, set "
+                             "`stage3_gather_16bit_weights_on_model_save` to True in DeepSpeed config file or set "
+                             "`zero3_save_16bit_model` to True when using `accelerate config`. To save the full "
+                             "checkpoint, use `accelerator.save_state`.")
+        mp = str(getattr(self.state, "mixed_precision", "no"))
+        return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(mp)
+
     def model_slices(self, model: torch.nn.Module) -> list:
         """The model's logical tensors as this rank holds them (checkpointing/slices.py): here every tensor whole,
         written by one rank each (`owner`), the ranks taking turns by size so they write in parallel. Tied names

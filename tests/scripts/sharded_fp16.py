@@ -35,6 +35,8 @@ def main() -> None:
     p.add_argument("--scaler", default="{}", help="FSDP face: GradScalerKwargs as JSON")
     p.add_argument("--clip", type=float, default=0.0, help="accelerator.clip_grad_norm_ each step")
     p.add_argument("--offload", action="store_true", help="CPU offload (a no-op on CPU: said once per process)")
+    p.add_argument("--save_model", action="store_true", help="accelerator.save_model at the end (record its dtypes)")
+    p.add_argument("--gather16", action="store_true", help="DeepSpeed stage3_gather_16bit_weights_on_model_save")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -53,6 +55,8 @@ def main() -> None:
               "zero_optimization": {"stage": args.stage}, "fp16": {"enabled": True, **json.loads(args.fp16)}}
         if args.offload:
             ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+        if args.gather16:
+            ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
         plugins = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=ds)}
         mp = None  # from the JSON, as HF
     acc = Accelerator(cpu=True, mixed_precision=mp, kwargs_handlers=handlers, **plugins)
@@ -96,9 +100,20 @@ def main() -> None:
     acc.load_state(ckpt)
     reloaded = acc.scaler.state_dict() == state
     sd = acc.get_state_dict(model)
+    record = {"skipped": skipped, "scales": scales, "state": state, "reloaded": reloaded}
+    if args.save_model:  # HF: DeepSpeed's 16-bit weights (ZeRO-3 only with gather16, else an error); FSDP: fp32
+        try:
+            acc.save_model(model, os.path.join(args.out, "model"))
+        except ValueError as e:
+            record["save_error"] = str(e)
+        else:
+            from safetensors.torch import load_file
+            saved = load_file(os.path.join(args.out, "model", "model.safetensors"))
+            record["saved_dtypes"] = sorted({str(v.dtype) for v in saved.values()})
+            record["saved_equal"] = all(torch.equal(saved[k], v.detach().to(saved[k].dtype)) for k, v in sd.items())
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"record{r}.json"), "w") as f:
-        json.dump({"skipped": skipped, "scales": scales, "state": state, "reloaded": reloaded}, f)
+        json.dump(record, f)
     if acc.is_main_process:
         save_file({k: v.detach().float().contiguous() for k, v in sd.items()},
                   os.path.join(args.out, "weights.safetensors"))
