@@ -233,7 +233,8 @@ def save_model(accelerator: Any, model: torch.nn.Module, save_directory: PathLik
     if any(p.device.type == "meta" for p in model.parameters()):
         raise RuntimeError("You can't save the model since some parameters are on the meta device.")
     strategy = strategy_of(accelerator)
-    dtype = strategy.saved_weights_dtype()  # DeepSpeed: 16-bit weights, or HF's ZeRO-3 error
+    # DeepSpeed: 16-bit weights, or HF's ZeRO-3 error (a strategy-like object without the hook: as held)
+    dtype = strategy.saved_weights_dtype() if hasattr(strategy, "saved_weights_dtype") else None
     slices = strategy.model_slices(user_model(model))
     if dtype is not None:
         slices = [dataclasses.replace(s, dtype=dtype, data=s.data.to(dtype)) if s.dtype.is_floating_point else s
