@@ -228,3 +228,29 @@ def test_save_model_dtype_like_hf(run, tmp_path, face, stage, nproc, extra, dtyp
             assert not (tmp_path / "model").exists() or not any((tmp_path / "model").iterdir())
         else:
             assert rec.get("saved_dtypes") == dtypes and rec["saved_equal"], rec
+
+
+def test_deepspeed_gradient_accumulation_on_one_process(sharding_env):
+    """DeepSpeed's gradient_accumulation_steps replaces the Accelerator's at prepare (HF: a warning) and, inside
+    accumulate(), the loss is averaged over the window and stepped once at its end (DeepSpeed's engine: loss / GA,
+    step at the boundary): the torch loop on the summed gradients of each window's halves."""
+    from accelerate_c import Accelerator, DeepSpeedPlugin
+    plugin = DeepSpeedPlugin(hf_ds_config={"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+                                           "zero_optimization": {"stage": 1}})
+    acc = Accelerator(cpu=True, deepspeed_plugin=plugin)
+    model, ref = _model(), _model()
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert acc.gradient_accumulation_steps == 2
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for i in range(4):
+        x, y = _data(i)
+        with acc.accumulate(model):
+            acc.backward(torch.nn.functional.mse_loss(model(x), y))
+            opt.step()
+            opt.zero_grad()
+        (torch.nn.functional.mse_loss(ref(x), y) / 2).backward()
+        if i % 2 == 1:
+            ref_opt.step()
+            ref_opt.zero_grad()
+    for (k, a), b in zip(acc.unwrap_model(model).state_dict().items(), ref.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6), k

@@ -95,15 +95,20 @@ class ShardedParams:
         """Zero the shard gradients of this optimizer's parameters (only theirs)."""
         which = {self.of_piece[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in self.of_piece}
         self.engine.zero_grad(which)
-        if self._ready:  # gradients attached for a step that never came: forget them
-            self._ready = False
-            if self._g32 is not None:
-                for piece in self.pieces:
-                    piece.grad = None
-                self._g32 = None
+        self.forget_attached()
         if not self.engine.low:
             for i in which:
                 self.pieces[i].grad = self.grads[i]
+
+    def forget_attached(self) -> None:
+        """Gradients attached by before_step for a step that has not come (zero_grad, or another backward adds to
+        the shard): attach them afresh next time."""
+        if self._ready:
+            self._ready = False
+            if self._g32 is not None:  # the fp32 copy is stale
+                for piece in self.pieces:
+                    piece.grad = None
+                self._g32 = None
 
     @torch.no_grad()
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float,

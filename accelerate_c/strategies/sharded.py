@@ -173,6 +173,8 @@ class ShardedDataParallel(BucketedDataParallel):
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         for e in self.engines:
             e.reset_pass()
+        for sp in self.sharded:  # (a clip or unscale before this backward attached gradients it now changes)
+            sp.forget_attached()
         super().backward(loss, **kwargs)
 
     def step(self, optimizer: torch.optim.Optimizer, precision: Any, closure: Optional[Callable] = None) -> bool:
