@@ -24,12 +24,13 @@ DS_FP16 = ["--fp16", json.dumps({"initial_scale_power": 10, "loss_scale_window":
 DS_EXPECTED = {"skipped": [False, True, True, False, False, True, False, False, False],
                "scales": [1024.0, 1024.0, 512.0, 512.0, 512.0, 256.0, 256.0, 256.0, 512.0]}
 
-CASES = [  # face, stage, nproc, extra
-    ("fsdp", 2, 2, FSDP_SCALER),
-    ("fsdp", 3, 2, FSDP_SCALER + ["--clip", "0.5"]),
-    ("ds", 1, 2, DS_FP16 + ["--clip", "0.5"]),
-    ("ds", 2, 2, DS_FP16),
-    ("ds", 3, 3, DS_FP16 + ["--global_batch", "12"]),
+CASES = [  # face, stage, nproc, extra, fused optimizer kernels (else the optimizer's own step under GradScaler)
+    ("fsdp", 2, 2, FSDP_SCALER, "1"),
+    ("fsdp", 3, 2, FSDP_SCALER + ["--clip", "0.5"], "1"),
+    ("ds", 1, 2, DS_FP16 + ["--clip", "0.5"], "1"),
+    ("ds", 2, 2, DS_FP16, "1"),
+    ("ds", 2, 2, DS_FP16 + ["--clip", "0.5"], "0"),
+    ("ds", 3, 3, DS_FP16 + ["--global_batch", "12"], "1"),
 ]
 _REFS: dict = {}
 
@@ -38,8 +39,10 @@ def _records(out, nproc):
     return [json.loads((out / f"record{r}.json").read_text()) for r in range(nproc)]
 
 
-@pytest.mark.parametrize("face,stage,nproc,extra", CASES, ids=[f"{c[0]}-z{c[1]}-n{c[2]}" for c in CASES])
-def test_overflow_skips_the_same_steps_on_every_rank(run, tmp_path, tmp_path_factory, face, stage, nproc, extra):
+@pytest.mark.parametrize("face,stage,nproc,extra,fused", CASES,
+                         ids=[f"{c[0]}-z{c[1]}-n{c[2]}{'' if c[4] == '1' else '-torchstep'}" for c in CASES])
+def test_overflow_skips_the_same_steps_on_every_rank(run, tmp_path, tmp_path_factory, face, stage, nproc, extra,
+                                                     fused):
     args = ["--face", face] + extra
     key = tuple(args)
     if key not in _REFS:  # the same script on one process: HF's single-process semantics
@@ -48,7 +51,7 @@ def test_overflow_skips_the_same_steps_on_every_rank(run, tmp_path, tmp_path_fac
     ref = _REFS[key]
     got = tmp_path / "got"
     run("sharded_fp16.py", args + ["--stage", str(stage), "--out", str(got)], nproc=nproc, launcher="accelerate_c",
-        timeout=180)
+        timeout=180, env={"ACCELERATE_C_FUSED_OPTIMIZER": fused})
     want = _records(ref, 1)[0]
     assert want["reloaded"]
     if face == "ds":
