@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Optional
@@ -129,7 +130,6 @@ class Strategy:
         plugin = self.ctx.handlers.get("DeepSpeedPlugin")
         if plugin is None:
             return objects
-        import dataclasses
         from ..sharding.deepspeed_json import prepare_deepspeed_objects
         objects = prepare_deepspeed_objects(plugin, objects, accelerator)
         # "auto" gradient_clipping is filled now (1.0, as HF)
