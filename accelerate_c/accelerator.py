@@ -289,7 +289,7 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         for opt in self._inner_optimizers(optimizer):
-            self.precision.unscale_(opt)
+            self.strategy.unscale_(opt, self.precision)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
         self.unscale_gradients()

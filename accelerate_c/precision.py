@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 import torch
-from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
+from torch.amp.grad_scaler import OptState
 
 
 @dataclass(frozen=True)
@@ -95,8 +94,11 @@ class Precision:
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss
 
-    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        pass
+    def unscale_(self, optimizer: torch.optim.Optimizer,
+                 agree: Optional[Callable[[torch.Tensor], None]] = None) -> None:
+        """Unscale the optimizer's gradients in place (no-op without loss scaling). `agree`: the strategy's
+        all-reduce (max, in place) of the found-inf flag when each rank sees only part of the gradients
+        (Strategy.unscale_), so every rank skips the same steps and keeps the same scale."""
 
     # -- the optimizer step's hooks (called by Strategy.step) ----------------------------------------------
     def kernel_scale(self, optimizer: torch.optim.Optimizer) -> Optional[KernelScale]:
@@ -124,16 +126,24 @@ class FP16Precision(Precision):
     with the CPU work done by the fused C kernels: the unscale + non-finite check is folded into the
     optimizer pass (accelerate_c.optim.fused_step(grad_scale=1/scale, skip_if_nonfinite=True)), or, when
     the user unscaled first (clip_grad_norm_), done by accelerate_c.ops in one pass. A step with a
-    non-finite gradient changes nothing and backs the scale off; the strategy's step reports it as skipped."""
+    non-finite gradient changes nothing and backs the scale off; the strategy's step reports it as skipped.
+    Under a DeepSpeedPlugin the scaler follows the JSON "fp16" block with DeepSpeed's rules (loss_scale.py).
+    Where each rank holds part of the gradients (sharded), the strategy unscales first and passes `agree`."""
 
     mode = "fp16"
     autocast_dtype = torch.float16
 
     def __init__(self, device: torch.device, handlers: dict[str, Any], fused_kernels: bool = True) -> None:
         super().__init__(device, handlers, fused_kernels)
-        kw = handlers.get("GradScalerKwargs")
-        kwargs = kw.to_kwargs() if kw is not None else {}
-        self.scaler = torch.amp.GradScaler(device.type, **kwargs)
+        ds = handlers.get("DeepSpeedPlugin")
+        if ds is not None:  # DeepSpeed's fp16 block: its scaler's rules (hysteresis, minimum, static scale)
+            from .loss_scale import DeepSpeedLossScaler, deepspeed_scaler_args
+            block = (getattr(ds, "deepspeed_config", None) or {}).get("fp16", {})
+            self.scaler = DeepSpeedLossScaler(device.type, **deepspeed_scaler_args(block))
+        else:
+            kw = handlers.get("GradScalerKwargs")
+            kwargs = kw.to_kwargs() if kw is not None else {}
+            self.scaler = torch.amp.GradScaler(device.type, **kwargs)
         # the kernels work on CPU tensors; the scale state lives on the device
         self.use_fused = device.type == "cpu" and fused_kernels
 
@@ -143,20 +153,27 @@ class FP16Precision(Precision):
     def _state(self, optimizer: torch.optim.Optimizer) -> dict:
         return self.scaler._per_optimizer_states[id(optimizer)]
 
-    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+    def unscale_(self, optimizer: torch.optim.Optimizer,
+                 agree: Optional[Callable[[torch.Tensor], None]] = None) -> None:
         state = self._state(optimizer)
         if state["stage"] is OptState.UNSCALED or not self.scaler.is_enabled():
             return
         if not self.use_fused:
             self.scaler.unscale_(optimizer)
-            return
-        from .ops import non_finite_check_and_unscale_
-        inv_scale = self.scaler._scale.double().reciprocal().float()
-        found_inf = torch.zeros(1, dtype=torch.float32)
-        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        non_finite_check_and_unscale_(grads, found_inf, inv_scale)
-        state["found_inf_per_device"] = {found_inf.device: found_inf}
-        state["stage"] = OptState.UNSCALED
+        else:
+            from .ops import non_finite_check_and_unscale_
+            inv_scale = self.scaler._scale.double().reciprocal().float()
+            found_inf = torch.zeros(1, dtype=torch.float32)
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+            state["found_inf_per_device"] = {found_inf.device: found_inf}
+            state["stage"] = OptState.UNSCALED
+        if agree is not None:  # one flag, the same on every rank (a rank without gradients contributes 0)
+            found = torch.zeros(1, dtype=torch.float32, device=self.scaler._scale.device)
+            for v in state["found_inf_per_device"].values():
+                found += v.to(found.device)
+            agree(found)
+            state["found_inf_per_device"] = {found.device: found}
 
     def kernel_scale(self, optimizer: torch.optim.Optimizer) -> Optional[KernelScale]:
         """Gradients still scaled: unscale inside the kernels' pass, checking for inf/NaN first. Unscaled already
@@ -175,10 +192,8 @@ class FP16Precision(Precision):
         return skipped
 
     def _update(self, found_inf: bool) -> None:
-        s = self.scaler
-        torch._amp_update_scale_(s._scale, s._growth_tracker, torch.tensor([1.0 if found_inf else 0.0]),
-                                 s._growth_factor, s._backoff_factor, s._growth_interval)
-        s._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+        from .loss_scale import update_scale
+        update_scale(self.scaler, found_inf)
 
     def torch_step(self, optimizer: torch.optim.Optimizer, closure: Optional[Callable] = None) -> bool:
         self.scaler.step(optimizer, closure) if closure is not None else self.scaler.step(optimizer)

@@ -246,7 +246,8 @@ def test_deepspeed_set_mixed_precision_matches_hf(mp, block):
     ({"zero_optimization": {"stage": "3"}}, "zero_optimization.stage"),
     ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}}},
      "zero_optimization.offload_param.device"),
-    ({"zero_optimization": {"stage": 2}, "fp16": {"enabled": True, "hysteresis": 2}}, "fp16.hysteresis"),
+    ({"zero_optimization": {"stage": 2}, "fp16": {"enabled": True, "fp16_master_weights_and_grads": True}},
+     "fp16.fp16_master_weights_and_grads"),
     ({"zero_optimization": {"stage": 2}, "train_batch_size": "sixteen"}, "train_batch_size"),
     ({"zero_optimization": {"stage": 2}, "optimizer": {"params": {}}}, "optimizer"),
     ({"zero_optimization": {"stage": 2}, "wall_clock_breakdown": True}, "wall_clock_breakdown"),
@@ -428,7 +429,10 @@ def test_sharded_config_from_deepspeed_plugin():
     cfg = ShardedConfig.from_sources({"DeepSpeedPlugin": plugin}, env={})
     assert (cfg.face, cfg.stage, cfg.gradient_clipping, cfg.gradient_accumulation_steps, cfg.cpu_offload,
             cfg.zero3_init, cfg.bucket_cap_mb) == ("deepspeed", 3, 0.5, 2, True, True, 4.0)
-    assert cfg.grad_scaler_kwargs == {"init_scale": 4096.0, "growth_interval": 100}
+    from accelerate_c.loss_scale import deepspeed_scaler_args  # the fp16 block is the scaler's (loss_scale.py)
+    assert deepspeed_scaler_args(plugin.deepspeed_config["fp16"]) == {
+        "static_scale": None, "init_scale": 4096.0, "scale_window": 100, "hysteresis": 2,
+        "consecutive_hysteresis": False, "min_scale": 1.0}
     assert cfg.deepspeed_config is plugin.deepspeed_config
     assert ShardedConfig.from_sources({"DeepSpeedPlugin": DeepSpeedPlugin(zero_stage=1)}, env={}).stage == 1
 
@@ -460,3 +464,34 @@ def test_sharded_config_rereads_deepspeed_values_filled_at_prepare():
     assert cfg.with_resolved_deepspeed().gradient_clipping == 1.0  # HF fills "auto" clipping with 1.0
     no_clip = DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 2}, "gradient_clipping": 0.0})
     assert ShardedConfig.from_sources({"DeepSpeedPlugin": no_clip}, env={}).gradient_clipping is None
+
+
+def test_callable_and_no_split_wrap_policies_give_units(sharding_env):
+    """The FSDP face's policy function (auto_wrap_policy "callable") and transformer_based_wrap without class
+    names (HF: model._no_split_modules at prepare) reach the engine's units (sharding/units.py)."""
+    import functools
+    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+    from accelerate_c.sharding.units import build_units
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
+
+    def units(cfg):
+        specs, _ = build_units(model, cfg.auto_wrap_policy, cfg.transformer_layer_cls, cfg.min_num_params,
+                               cfg.ignored_modules, cfg.auto_wrap_callable)
+        return [u.name for u in specs]
+
+    layers = ["", "transformer.h.0", "transformer.h.1"]
+    partial = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={GPT2Block})
+    cfg = ShardedConfig.from_sources({"FullyShardedDataParallelPlugin":
+                                      FSDP(auto_wrap_policy=partial)}, env={})
+    assert cfg.auto_wrap_policy == "callable" and units(cfg) == layers
+    sized = functools.partial(size_based_auto_wrap_policy, min_num_params=4000)
+    cfg = ShardedConfig.from_sources({"FullyShardedDataParallelPlugin":
+                                      FSDP(auto_wrap_policy=sized)}, env={})
+    # the same units as our size_based_wrap with that threshold (torch's recursive wrap, bottom-up)
+    assert units(cfg) == [u.name for u in build_units(model, "size_based_wrap", min_num_params=4000)[0]]
+    cfg = ShardedConfig.from_sources({"FullyShardedDataParallelPlugin":
+                                      FSDP(auto_wrap_policy="TRANSFORMER_BASED_WRAP")},
+                                     env={})
+    assert cfg.transformer_layer_cls == () and units(cfg) == layers  # from GPT2's _no_split_modules

@@ -232,7 +232,13 @@ def save_model(accelerator: Any, model: torch.nn.Module, save_directory: PathLik
     limit = parse_size(max_shard_size)
     if any(p.device.type == "meta" for p in model.parameters()):
         raise RuntimeError("You can't save the model since some parameters are on the meta device.")
-    slices = strategy_of(accelerator).model_slices(user_model(model))
+    strategy = strategy_of(accelerator)
+    # DeepSpeed: 16-bit weights, or HF's ZeRO-3 error (a strategy-like object without the hook: as held)
+    dtype = strategy.saved_weights_dtype() if hasattr(strategy, "saved_weights_dtype") else None
+    slices = strategy.model_slices(user_model(model))
+    if dtype is not None:
+        slices = [dataclasses.replace(s, dtype=dtype, data=s.data.to(dtype)) if s.dtype.is_floating_point else s
+                  for s in slices]
     rank, world = int(accelerator.process_index), int(accelerator.num_processes)
     main = _is_writer(accelerator)
     if is_whole(slices):

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
+from ..strategies.base import deepspeed_clipping
 from ..strategies.ddp import DDPConfig
 
 FSDP_STAGES = {"NO_SHARD": 0, "SHARD_GRAD_OP": 2, "FULL_SHARD": 3, "HYBRID_SHARD": 3, "HYBRID_SHARD_ZERO2": 2}
@@ -41,13 +42,10 @@ class ShardedConfig(DDPConfig):
     cpu_ram_efficient_loading: bool = False   # materialise a meta-device model shard by shard
     sync_module_states: bool = False          # broadcast rank 0's module states at prepare
     zero3_init: bool = False                  # DeepSpeed's zero3_init_flag (construction under sharding)
-    gradient_clipping: Optional[float] = None  # DeepSpeed's gradient_clipping (applied in the step)
     gradient_accumulation_steps: Optional[int] = None  # DeepSpeed's value, checked against the Accelerator's
     deepspeed_config: Mapping[str, Any] = field(default_factory=dict)  # the resolved JSON ("auto" filled at prepare)
     auto_wrap_callable: Optional[Callable[..., Any]] = None  # auto_wrap_policy "callable": the user's policy function
     activation_checkpointing_offload: bool = False  # FSDP2: checkpointed inputs kept in CPU memory (CPU runs: as is)
-    grad_scaler_kwargs: Mapping[str, Any] = field(default_factory=dict)  # DeepSpeed fp16 block -> GradScaler kwargs
-    save_16bit_model: bool = False            # DeepSpeed stage3_gather_16bit_weights_on_model_save (save_model)
 
     def with_resolved_deepspeed(self) -> "ShardedConfig":
         """This config with the DeepSpeed fields re-read from `deepspeed_config` after prepare filled its "auto"
@@ -146,24 +144,13 @@ def fields_from_deepspeed_plugin(plugin: Any) -> dict[str, Any]:
 def _fields_from_deepspeed_json(config: Mapping[str, Any]) -> dict[str, Any]:
     """The fields that "auto" values may still hide until prepare (see ShardedConfig.with_resolved_deepspeed)."""
     zero = config.get("zero_optimization", {})
-    fields: dict[str, Any] = {"save_16bit_model": zero.get("stage3_gather_16bit_weights_on_model_save") is True}
-    clip = config.get("gradient_clipping")  # absent: DeepSpeed does not clip (the plugin's own value filled "auto")
-    if isinstance(clip, (int, float)) and not isinstance(clip, bool):
-        fields["gradient_clipping"] = float(clip) if clip > 0 else None  # DeepSpeed: 0 = no clipping
+    # gradient_clipping is StrategyConfig's (every strategy's step applies it); absent or 0: no clipping.
+    # stage3_gather_16bit_weights_on_model_save is read by Strategy.saved_weights_dtype (save_model, any strategy)
+    fields: dict[str, Any] = {"gradient_clipping": deepspeed_clipping(config)}
     ga = config.get("gradient_accumulation_steps")
     if isinstance(ga, int) and not isinstance(ga, bool):
         fields["gradient_accumulation_steps"] = ga
     bucket = zero.get("reduce_bucket_size")
     if isinstance(bucket, (int, float)) and not isinstance(bucket, bool):
         fields["bucket_cap_mb"] = float(bucket) * 4 / 2**20  # DeepSpeed counts elements (fp32: 4 bytes each)
-    scaler = {}
-    fp16 = config.get("fp16", {})
-    if fp16.get("loss_scale", 0) not in (0, None):
-        scaler = {"init_scale": float(fp16["loss_scale"]), "growth_factor": 1.0, "backoff_factor": 1.0}
-    else:
-        if "initial_scale_power" in fp16:
-            scaler["init_scale"] = 2.0 ** int(fp16["initial_scale_power"])
-        if "loss_scale_window" in fp16:
-            scaler["growth_interval"] = int(fp16["loss_scale_window"])
-    fields["grad_scaler_kwargs"] = scaler
     return fields

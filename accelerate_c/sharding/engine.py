@@ -35,7 +35,8 @@ class ShardEngine:
         self.stage = int(config.stage)
         self.rank, self.world = comm.rank, comm.size
         specs, self.replicated = build_units(model, config.auto_wrap_policy, config.transformer_layer_cls,
-                                             config.min_num_params, config.ignored_modules)
+                                             config.min_num_params, config.ignored_modules,
+                                             getattr(config, "auto_wrap_callable", None))
         self.units = [FlatUnit(i, s.name, s.module, s.params, self.world, self.rank) for i, s in enumerate(specs)]
         sbase = fbase = 0
         for u in self.units:

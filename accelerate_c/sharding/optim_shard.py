@@ -25,6 +25,7 @@ class ShardedParams:
         self.grads: list[torch.Tensor] = []
         self.of_piece: dict[int, int] = {}  # id(piece) -> entry index
         self._g32: Optional[torch.Tensor] = None  # mixed precision: the fp32 shard gradient, during the step only
+        self._ready = False  # before_step ran for the coming step (its gradients are attached)
         for i, e in enumerate(engine.entries):
             u = engine.unit_of[i]
             a, b = u.shard_slice(e)
@@ -61,7 +62,11 @@ class ShardedParams:
             group["params"] = new
 
     def before_step(self) -> None:
-        """Attach each piece's gradient, or None when empty or unused by every rank (collective)."""
+        """Attach each piece's gradient, or None when empty or unused by every rank (collective). Once per step:
+        unscaling (Strategy.unscale_) and clipping may come first and work on these gradients."""
+        if self._ready:
+            return
+        self._ready = True
         engine = self.engine
         used = engine.global_used()
         grads = self.grads
@@ -79,6 +84,7 @@ class ShardedParams:
 
     def after_step(self) -> None:
         """The updated shards into the parameters (engine.after_step); the step's fp32 gradient copy freed."""
+        self._ready = False
         if self._g32 is not None:
             for piece in self.pieces:
                 piece.grad = None
@@ -89,9 +95,20 @@ class ShardedParams:
         """Zero the shard gradients of this optimizer's parameters (only theirs)."""
         which = {self.of_piece[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in self.of_piece}
         self.engine.zero_grad(which)
+        self.forget_attached()
         if not self.engine.low:
             for i in which:
                 self.pieces[i].grad = self.grads[i]
+
+    def forget_attached(self) -> None:
+        """Gradients attached by before_step for a step that has not come (zero_grad, or another backward adds to
+        the shard): attach them afresh next time."""
+        if self._ready:
+            self._ready = False
+            if self._g32 is not None:  # the fp32 copy is stale
+                for piece in self.pieces:
+                    piece.grad = None
+                self._g32 = None
 
     @torch.no_grad()
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float,
@@ -104,8 +121,10 @@ class ShardedParams:
         mine: list[torch.Tensor] = []
         for p in parameters:
             i = engine.index.get(id(p), self.of_piece.get(id(p)))
-            if i is not None and self.grads[i].numel():
-                mine.append(self.grads[i])
+            # once before_step attached them (after unscaling), the pieces' gradients are the ones to step
+            g = (self.pieces[i].grad if self._ready else self.grads[i]) if i is not None else None
+            if g is not None and g.numel():
+                mine.append(g)
         counted = [g for g in mine + (replicated_grads if engine.rank == 0 else []) if g.numel()]
         # this rank's part with the C kernels of accelerate_c.ops (fp64 accumulation), then one all-reduce
         from ..ops import global_norm, scale_

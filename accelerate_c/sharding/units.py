@@ -2,7 +2,12 @@
 # one flat buffer each) and which it leaves replicated. Policies (ShardedConfig.auto_wrap_policy):
 #   transformer_based_wrap: every module whose class name is in transformer_layer_cls starts a unit;
 #   size_based_wrap:        bottom-up, a module holding >= min_num_params not-yet-wrapped parameters is a unit;
-#   no_wrap:                the whole model is one unit.
+#   no_wrap:                the whole model is one unit;
+#   callable:               the user's policy function (torch's signature: module, recurse, nonwrapped_numel;
+#                           e.g. functools.partial(transformer_auto_wrap_policy, ...)), walked as FSDP's
+#                           recursive wrap does: a unit per module for which it says wrap.
+# transformer_based_wrap without class names takes them from the model's `_no_split_modules` (transformers
+# models), as HF does at prepare.
 # The root module is always a unit and takes what no inner unit took. A parameter registered in several modules
 # (tied weights) belongs to the deepest unit that contains every place it is registered, so a unit never needs
 # another unit's parameters. Parameters of ignored_modules and frozen ones (requires_grad False) stay out of
@@ -12,11 +17,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 
-POLICIES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
+POLICIES = ("transformer_based_wrap", "size_based_wrap", "no_wrap", "callable")
 
 
 @dataclass
@@ -46,16 +51,46 @@ def _ignored_params(model: torch.nn.Module, ignored: Iterable[Any]) -> set[int]:
     return out
 
 
+def _callable_units(model: torch.nn.Module, fn: Callable[..., Any], ignored: set[int]) -> list[str]:
+    """FSDP's recursive wrap with a policy function: a module is descended into when fn(recurse=True) says so, and
+    becomes a unit when fn(recurse=False) says so for the parameters its inner units left (never the root: it
+    is always a unit). Names in post-order."""
+    chosen: list[str] = []
+
+    def visit(prefix: str, module: torch.nn.Module) -> int:
+        numel = sum(p.numel() for p in module.parameters() if id(p) not in ignored)
+        if not fn(module=module, recurse=True, nonwrapped_numel=numel):
+            return 0
+        wrapped = sum(visit(f"{prefix}.{n}" if prefix else n, c) for n, c in module.named_children())
+        if prefix and fn(module=module, recurse=False, nonwrapped_numel=numel - wrapped):
+            chosen.append(prefix)
+            return numel
+        return wrapped
+
+    visit("", model)
+    return chosen
+
+
 def _unit_modules(model: torch.nn.Module, policy: str, layer_cls: tuple[str, ...], min_num_params: int,
-                  trainable: set[int]) -> list[str]:
+                  trainable: set[int], policy_fn: Optional[Callable[..., Any]] = None,
+                  ignored: frozenset = frozenset()) -> list[str]:
     """Names of the modules that start a unit (root "" first, then registration order)."""
     if policy not in POLICIES:
         raise ValueError(f"auto_wrap_policy={policy!r}: allowed values are {', '.join(POLICIES)}")
     names = [""]
+    if policy == "callable":
+        if not callable(policy_fn):
+            raise ValueError(f"auto_wrap_policy='callable' needs the policy function (auto_wrap_callable); got "
+                             f"{policy_fn!r}")
+        order = {n: i for i, (n, _) in enumerate(model.named_modules())}
+        return names + sorted(_callable_units(model, policy_fn, set(ignored)), key=order.__getitem__)
     if policy == "transformer_based_wrap":
+        if not layer_cls:  # HF at prepare: the model's own list (transformers' PreTrainedModel._no_split_modules)
+            layer_cls = tuple(getattr(model, "_no_split_modules", None) or ())
         if not layer_cls:
             raise ValueError("auto_wrap_policy='transformer_based_wrap' needs transformer_layer_cls (class names "
-                             "of the layers to wrap, e.g. GPT2Block)")
+                             f"of the layers to wrap, e.g. GPT2Block): none given and {type(model).__name__} has no "
+                             "_no_split_modules")
         wanted = set(layer_cls)
         found = {type(m).__name__ for m in model.modules()}
         missing = sorted(wanted - found)
@@ -84,13 +119,16 @@ def _unit_modules(model: torch.nn.Module, policy: str, layer_cls: tuple[str, ...
 
 
 def build_units(model: torch.nn.Module, policy: str = "no_wrap", layer_cls: tuple[str, ...] = (),
-                min_num_params: int = 100_000_000, ignored_modules: Iterable[Any] = ()
+                min_num_params: int = 100_000_000, ignored_modules: Iterable[Any] = (),
+                policy_fn: Optional[Callable[..., Any]] = None
                 ) -> tuple[list[UnitSpec], list[tuple[str, torch.nn.Parameter]]]:
     """(units in forward/registration order with the root first, replicated parameters). Units left without
-    trainable parameters are dropped (the root is kept only when it has some)."""
+    trainable parameters are dropped (the root is kept only when it has some). policy_fn: the function of policy
+    "callable"."""
     ignored = _ignored_params(model, ignored_modules)
     trainable = {id(p) for p in model.parameters() if p.requires_grad and id(p) not in ignored}
-    unit_names = _unit_modules(model, policy, tuple(layer_cls), int(min_num_params), trainable)
+    unit_names = _unit_modules(model, policy, tuple(layer_cls), int(min_num_params), trainable, policy_fn,
+                               frozenset(ignored))
     modules = dict(model.named_modules())
     # every place each parameter is registered
     places: dict[int, list[str]] = {}

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Optional
@@ -54,6 +55,7 @@ class StrategyConfig:
     extend `_fields`."""
 
     fused_optimizer: bool = True  # ACCELERATE_C_FUSED_OPTIMIZER: optimizer steps on the fused C kernels
+    gradient_clipping: Optional[float] = None  # DeepSpeed's gradient_clipping: applied in every strategy's step
 
     @classmethod
     def from_sources(cls, handlers: Optional[Mapping[str, Any]] = None,
@@ -62,7 +64,11 @@ class StrategyConfig:
 
     @classmethod
     def _fields(cls, handlers: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
-        return {"fused_optimizer": env_flag(env, "ACCELERATE_C_FUSED_OPTIMIZER", True)}
+        fields: dict[str, Any] = {"fused_optimizer": env_flag(env, "ACCELERATE_C_FUSED_OPTIMIZER", True)}
+        plugin = handlers.get("DeepSpeedPlugin")
+        if plugin is not None:
+            fields["gradient_clipping"] = deepspeed_clipping(getattr(plugin, "deepspeed_config", None) or {})
+        return fields
 
 
 @dataclass
@@ -125,7 +131,10 @@ class Strategy:
         if plugin is None:
             return objects
         from ..sharding.deepspeed_json import prepare_deepspeed_objects
-        return prepare_deepspeed_objects(plugin, objects, accelerator)
+        objects = prepare_deepspeed_objects(plugin, objects, accelerator)
+        # "auto" gradient_clipping is filled now (1.0, as HF)
+        self.config = dataclasses.replace(self.config, gradient_clipping=deepspeed_clipping(plugin.deepspeed_config))
+        return objects
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
         if device_placement:
@@ -154,7 +163,12 @@ class Strategy:
         C kernels and the optimizer's own step(): the kernels when the config allows, there is no closure and
         the precision can express its gradient scaling to them (`precision.kernel_scale`); the optimizer's own
         step, through the precision (`precision.torch_step`: GradScaler's step under fp16), otherwise or when
-        the kernels do not take this optimizer."""
+        the kernels do not take this optimizer. DeepSpeed's gradient_clipping is applied first, on the unscaled
+        gradients, as DeepSpeed's engine does."""
+        clip = self.config.gradient_clipping
+        if clip:
+            self.unscale_(optimizer, precision)
+            self.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], clip)
         if closure is None and self.config.fused_optimizer:
             scale = precision.kernel_scale(optimizer)
             if scale is not None:
@@ -165,6 +179,11 @@ class Strategy:
                     return precision.after_kernel_step(optimizer, skipped=r is None)
         self.before_torch_step(optimizer)
         return precision.torch_step(optimizer, closure)
+
+    def unscale_(self, optimizer: torch.optim.Optimizer, precision: Any) -> None:
+        """Unscale the optimizer's gradients (loss scaling; Accelerator.unscale_gradients and the step's clipping
+        call this). Here every rank holds whole, already averaged gradients: the precision decides alone."""
+        precision.unscale_(optimizer)
 
     def kernel_step(self, optimizer: torch.optim.Optimizer, grad_scale: Optional[float],
                     check_nonfinite: bool) -> Optional[bool]:
@@ -203,6 +222,25 @@ class Strategy:
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         from ..utils.other import extract_model_from_parallel
         return (extract_model_from_parallel(model) if unwrap else model).state_dict()
+
+    def saved_weights_dtype(self) -> Optional[torch.dtype]:
+        """The dtype `Accelerator.save_model` writes floating tensors in: None = as held (fp32, HF's FSDP and plain
+        runs). Under a DeepSpeedPlugin, what HF's DeepSpeed engine hands it: the fp16/bf16 compute dtype when the
+        JSON enables one (ZeRO 0-2: the module's own half weights; ZeRO-3: the gathered 16-bit weights), and under
+        ZeRO-3 only with stage3_gather_16bit_weights_on_model_save, else HF's error (on every rank, before any
+        collective)."""
+        plugin = self.ctx.handlers.get("DeepSpeedPlugin")
+        if plugin is None:
+            return None
+        zero = (getattr(plugin, "deepspeed_config", None) or {}).get("zero_optimization", {})
+        if zero.get("stage") == 3 and zero.get("stage3_gather_16bit_weights_on_model_save") is not True:
+            raise ValueError("Cannot get 16bit model weights because `stage3_gather_16bit_weights_on_model_save` in "
+                             "DeepSpeed config is False. To save the model weights in 16bit, set "
+                             "`stage3_gather_16bit_weights_on_model_save` to True in DeepSpeed config file or set "
+                             "`zero3_save_16bit_model` to True when using `accelerate config`. To save the full "
+                             "checkpoint, use `accelerator.save_state`.")
+        mp = str(getattr(self.state, "mixed_precision", "no"))
+        return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(mp)
 
     def model_slices(self, model: torch.nn.Module) -> list:
         """The model's logical tensors as this rank holds them (checkpointing/slices.py): here every tensor whole,
@@ -257,6 +295,14 @@ class Strategy:
 
     def close(self) -> None:
         """Release communication resources (end_training)."""
+
+
+def deepspeed_clipping(config: Mapping[str, Any]) -> Optional[float]:
+    """DeepSpeed's gradient_clipping from its JSON: a positive number clips; absent, 0 or still "auto": none."""
+    clip = config.get("gradient_clipping")
+    if isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip > 0:
+        return float(clip)
+    return None
 
 
 def balanced_owners(sizes: Mapping[str, int], world: int) -> dict[str, int]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-import warnings
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
@@ -83,7 +82,6 @@ class ShardedDataParallel(BucketedDataParallel):
         return int(self.config.stage)
 
     def _check_config(self, model: Optional[torch.nn.Module] = None) -> None:
-        c = self.config
         # cpu_ram_efficient_loading / zero3_init change how a model is constructed; a model that is already real
         # (the usual case, and what HF's launcher defaults give) needs nothing from them. Materialising a model
         # on the meta device shard by shard (sharding/materialize.py) is not wired into the engine yet.
@@ -91,19 +89,15 @@ class ShardedDataParallel(BucketedDataParallel):
             raise NotImplementedError("sharded engine: the model has tensors on the meta device; sharded "
                                       "construction (cpu_ram_efficient_loading / zero3_init) is not implemented "
                                       "yet: build the model on the CPU")
-        if c.cpu_offload:
-            warnings.warn("accelerate_c: cpu_offload is a no-op here: parameters and optimizer state are already in "
-                          "CPU memory")
+        # cpu_offload on a CPU run is a no-op, said once per process by its face: the FSDP plugin's in
+        # AcceleratorState (state.py), DeepSpeed's JSON at prepare (deepspeed_json._say_offload_is_noop)
 
     def _engine_config(self) -> ShardedConfig:
-        """The Accelerator's mixed_precision="bf16" means a bf16 compute copy unless param_dtype says otherwise
-        (HF: FSDP's set_mixed_precision, DeepSpeed's bf16 block)."""
+        """The Accelerator's mixed_precision="bf16" / "fp16" means a bf16 / fp16 compute copy unless param_dtype
+        says otherwise (HF: FSDP's set_mixed_precision, DeepSpeed's bf16 / fp16 block); fp32 master shards."""
         mp = str(getattr(self.state, "mixed_precision", "no"))
-        if mp == "fp16":
-            raise NotImplementedError("mixed_precision='fp16' under the sharded engine (stages 1-3): loss scaling "
-                                      "over shards is not implemented yet; use 'bf16'")
-        if self.config.param_dtype is None and mp in ("bf16", "fp8"):
-            return dataclasses.replace(self.config, param_dtype=torch.bfloat16)
+        if self.config.param_dtype is None and mp in ("bf16", "fp8", "fp16"):  # fp16: DeepSpeed's fp16 block too
+            return dataclasses.replace(self.config, param_dtype=torch.float16 if mp == "fp16" else torch.bfloat16)
         return self.config
 
     def _comm(self) -> Any:
@@ -183,6 +177,8 @@ class ShardedDataParallel(BucketedDataParallel):
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         for e in self.engines:
             e.reset_pass()
+        for sp in self.sharded:  # (a clip or unscale before this backward attached gradients it now changes)
+            sp.forget_attached()
         super().backward(loss, **kwargs)
 
     def step(self, optimizer: torch.optim.Optimizer, precision: Any, closure: Optional[Callable] = None) -> bool:
@@ -191,10 +187,9 @@ class ShardedDataParallel(BucketedDataParallel):
         if self._join is not None and self._join.before_step(optimizer, precision):
             return False  # join: this rank's sync was deferred, its gradients go into the others' next step
         mine = self._sharded_for(optimizer)
-        if self.config.gradient_clipping:  # DeepSpeed's, on the shard gradients
-            self.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], self.config.gradient_clipping)
-        for sp in mine:
-            sp.before_step()
+        # the pieces get their gradients; under loss scaling unscaled, the overflow decision agreed by every rank
+        # (the base step then applies DeepSpeed's gradient_clipping and steps, or skips, on every rank alike)
+        self.unscale_(optimizer, precision)
         t0 = time.perf_counter()
         skipped = super().step(optimizer, precision, closure)
         t1 = time.perf_counter()
@@ -205,6 +200,21 @@ class ShardedDataParallel(BucketedDataParallel):
             total = self.comm.model_bytes()
             self.bytes_last_step, self._mark = total - self._mark, total
         return skipped
+
+    def unscale_(self, optimizer: torch.optim.Optimizer, precision: Any) -> None:
+        """Each rank sees only its shard of the gradients: the pieces get their gradients first (the fp32 copy
+        under a compute dtype, so fp16 gradients are unscaled in fp32), then the precision unscales them and the
+        found-inf flag is all-reduced (max) before anyone decides to skip (collective)."""
+        mine = self._sharded_for(optimizer) if self.stage else []
+        if not mine:
+            return super().unscale_(optimizer, precision)
+        for sp in mine:
+            sp.before_step()
+        comm = mine[0].engine.comm
+
+        def agree(found: torch.Tensor) -> None:
+            found.copy_(comm.all_reduce(found, "max", control=True, world=True))
+        precision.unscale_(optimizer, agree=agree)
 
     def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
         if self.stage == 0:
