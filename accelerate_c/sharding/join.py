@@ -7,6 +7,8 @@
 # small all-reduce (max) over every rank of a float64 vector [one-hot "I am training" per rank, kind, fields...]:
 #   FWD  (each forward of the model: grad mode, whether it syncs; buffers then follow DDP's broadcast rule)
 #   BWD  (the first reduction hook of each backward pass, from inside it: whether it syncs)
+#   UNSC (the strategy's unscale_ outside a step: accelerator.unscale_gradients / clip_grad_norm_ attach the shard
+#         gradients and agree on overflow, both collective: which optimizer)
 #   CLIP (accelerator.clip_grad_norm_: max_norm, norm_type)
 #   STEP (the optimizer step: which optimizer, its param groups' numeric hyperparameters, so a scheduler's lr holds)
 #   ZERO (zero_grad: which optimizer, set_to_none)
@@ -15,7 +17,8 @@
 # buffer as it stands, i.e. micro-batches this rank accumulated before it ran out are counted; stage 2: zeros);
 # stage 3 replays this rank's last forward and a backward of zeros (leaf gradients forced to zero), so the hooks issue
 # the unit all-gathers, prefetches, frees and reduce-scatters exactly as the training ranks do; STEP / CLIP / ZERO
-# call the strategy's own step / clip_grad_norm_ / zero_grad. When no rank is training, every rank leaves together
+# call the strategy's own step / clip_grad_norm_ / zero_grad, UNSC its unscale_. Inside an announced step nothing
+# more is announced (the mirrored step issues the same unscale and DeepSpeed clipping itself). When no rank is training, every rank leaves together
 # and takes the buffers (and replicated parameters) of the highest rank among the last to finish; the sharded
 # parameters are the same on every rank already. Averages divide by the initial world size (torch DDP's
 # divide_by_initial_world_size default, what our DDP join does).
@@ -34,7 +37,7 @@ import torch
 
 from .zero3 import _tensors
 
-FWD, BWD, CLIP, STEP, ZERO, LAST = 1, 2, 3, 4, 5, 6
+FWD, BWD, CLIP, STEP, ZERO, LAST, UNSC = 1, 2, 3, 4, 5, 6, 7
 NFIELDS = 4  # fields after the kind, before the hyperparameters
 
 
@@ -87,7 +90,7 @@ class ShardedJoin:
         self.precision: Optional[Any] = None
         self.last_input: Optional[tuple] = None
         self.pending: list[torch.Tensor] = []    # stage 3 shadow: outputs of replayed forwards awaiting a backward
-        self._skip_clips = 0
+        self.in_step = False   # a training rank inside its announced step (the strategy clears it)
         self._handles = [model.register_forward_pre_hook(self._record, with_kwargs=True)]
         self._begin_pass = self.engine.begin_pass
         self.engine.begin_pass = self._announce_backward   # instance attribute: the engine's hooks call it
@@ -161,8 +164,7 @@ class ShardedJoin:
             return False
         if self.deferred is not None:
             return True
-        if self._skip_clips:  # DeepSpeed's gradient_clipping inside a step already announced
-            self._skip_clips -= 1
+        if self.in_step:  # DeepSpeed's gradient_clipping inside a step: the STEP announced it
             return False
         self._exchange(CLIP, [max_norm, norm_type])
         return False
@@ -178,7 +180,17 @@ class ShardedJoin:
             return True
         i = self._index(optimizer)
         self._exchange(STEP, [i, 0, 0, 0] + self._hyper(i))
-        self._skip_clips = 1 if self.strategy.config.gradient_clipping else 0
+        self.in_step = True
+        return False
+
+    def before_unscale(self, optimizer: torch.optim.Optimizer, precision: Any) -> bool:
+        """True: skip (a deferred sync: the gradients are unscaled with the others' next step)."""
+        self.precision = precision
+        if self.shadowing or self.in_step:
+            return False
+        if self.deferred is not None:
+            return True
+        self._exchange(UNSC, [self._index(optimizer)])
         return False
 
     def before_zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
@@ -225,6 +237,8 @@ class ShardedJoin:
                     self.strategy.clip_grad_norm_(params, self._field(v, 0), self._field(v, 1))
                 elif kind == STEP:
                     self._shadow_step(v)
+                elif kind == UNSC:
+                    self.strategy.unscale_(self.optimizers[int(self._field(v, 0))], self._precision())
                 elif kind == ZERO:
                     self.strategy.zero_grad(self.optimizers[int(self._field(v, 0))], self._field(v, 1) > 0)
                 else:
@@ -292,10 +306,16 @@ class ShardedJoin:
                 seq = list(groups[g][key])
                 seq[e] = type(seq[e])(x)
                 groups[g][key] = type(groups[g][key])(seq)
+        self.strategy.step(opt, self._precision())
+
+    def _precision(self) -> Any:
+        """The Accelerator's precision object (loss scaling must agree): the last one this rank's strategy saw."""
         if self.precision is None:
+            self.precision = self.strategy.last_precision
+        if self.precision is None:  # this rank never stepped nor unscaled: full precision
             from ..precision import Precision
             self.precision = Precision(self.comm.device, {})
-        self.strategy.step(opt, self.precision)
+        return self.precision
 
     def finish(self, last: bool) -> None:
         """Every rank is out: all take the buffers and replicated parameters of the highest rank among the last to

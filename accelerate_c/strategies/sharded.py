@@ -75,6 +75,7 @@ class ShardedDataParallel(BucketedDataParallel):
         self.bytes_last_step = 0         # model bytes moved by the collectives of the last step (counted)
         self.step_seconds: dict[str, float] = {}  # the last step: the optimizer on the shard, the all-gather after
         self._join: Optional[Any] = None  # the ShardedJoin while inside join_uneven_inputs (sharding/join.py)
+        self.last_precision: Optional[Any] = None  # the Accelerator's precision, as last passed (join's shadow)
         self._join_optims: list = []      # prepared optimizers, in order (a join names them by index)
 
     @property
@@ -184,15 +185,20 @@ class ShardedDataParallel(BucketedDataParallel):
     def step(self, optimizer: torch.optim.Optimizer, precision: Any, closure: Optional[Callable] = None) -> bool:
         if self.stage == 0:
             return super().step(optimizer, precision, closure)
+        self.last_precision = precision
         if self._join is not None and self._join.before_step(optimizer, precision):
             return False  # join: this rank's sync was deferred, its gradients go into the others' next step
         mine = self._sharded_for(optimizer)
-        # the pieces get their gradients; under loss scaling unscaled, the overflow decision agreed by every rank
-        # (the base step then applies DeepSpeed's gradient_clipping and steps, or skips, on every rank alike)
-        self.unscale_(optimizer, precision)
-        t0 = time.perf_counter()
-        skipped = super().step(optimizer, precision, closure)
-        t1 = time.perf_counter()
+        try:
+            # the pieces get their gradients; under loss scaling unscaled, the overflow decision agreed by every
+            # rank (the base step then applies DeepSpeed's gradient_clipping and steps, or skips, on every rank)
+            self.unscale_(optimizer, precision)
+            t0 = time.perf_counter()
+            skipped = super().step(optimizer, precision, closure)
+            t1 = time.perf_counter()
+        finally:
+            if self._join is not None:
+                self._join.in_step = False
         for sp in mine:
             sp.after_step()
         self.step_seconds = {"optimizer": t1 - t0, "gather": time.perf_counter() - t1}
@@ -208,6 +214,9 @@ class ShardedDataParallel(BucketedDataParallel):
         mine = self._sharded_for(optimizer) if self.stage else []
         if not mine:
             return super().unscale_(optimizer, precision)
+        self.last_precision = precision
+        if self._join is not None and self._join.before_unscale(optimizer, precision):
+            return  # join: a deferred sync, unscaled with the others' next step
         for sp in mine:
             sp.before_step()
         comm = mine[0].engine.comm
