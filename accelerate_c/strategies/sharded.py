@@ -81,13 +81,9 @@ class ShardedDataParallel(BucketedDataParallel):
 
     def _check_config(self, model: Optional[torch.nn.Module] = None) -> None:
         c = self.config
-        # cpu_ram_efficient_loading / zero3_init change how a model is constructed; a model that is already real
-        # (the usual case, and what HF's launcher defaults give) needs nothing from them. Materialising a model
-        # on the meta device shard by shard (sharding/materialize.py) is not wired into the engine yet.
-        if model is not None and any(t.is_meta for t in list(model.parameters()) + list(model.buffers())):
-            raise NotImplementedError("sharded engine: the model has tensors on the meta device; sharded "
-                                      "construction (cpu_ram_efficient_loading / zero3_init) is not implemented "
-                                      "yet: build the model on the CPU")
+        # A model on the meta device (on any rank) is materialised shard by shard from rank 0's values
+        # (sharding/construct.py), whatever cpu_ram_efficient_loading / zero3_init say: a real model needs
+        # nothing from them, and a meta one cannot be used any other way.
         if c.cpu_offload:
             warnings.warn("accelerate_c: cpu_offload is a no-op here: parameters and optimizer state are already in "
                           "CPU memory")
@@ -144,18 +140,24 @@ class ShardedDataParallel(BucketedDataParallel):
     # -- preparation -------------------------------------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
         if self.stage == 0 or evaluation_mode:
+            from ..sharding.construct import construction_needed, materialize_whole
+            if construction_needed(model, self._comm()):  # a meta model, whole on every rank (rank 0's values)
+                materialize_whole(model, self.state.device, self.state.process_index == 0)
+                if evaluation_mode:  # (DDP's prepare broadcasts for training only)
+                    self.broadcast(list(model.parameters()) + list(model.buffers()))
             return super().prepare_model(model, device_placement, evaluation_mode)
         self._check_config(model)
+        from ..sharding.construct import construction_needed
         from ..sharding.engine import ShardEngine
         from ..sharding.optim_shard import ShardedParams
-        if any(p.device.type == "meta" for p in model.parameters()):
-            raise NotImplementedError("sharded engine: the model has parameters on the meta device; sharded "
-                                      "construction (cpu_ram_efficient_loading) is not implemented yet")
-        if device_placement:
+        construct = construction_needed(model, self._comm())  # collective: some rank's model is on meta
+        if device_placement and not construct:
             model = model.to(self.state.device)
         # every rank starts from rank 0's parameters and buffers (sync_module_states), as DDP at construction
-        self.broadcast(list(model.parameters()) + list(model.buffers()))
-        engine = ShardEngine(model, self._engine_config(), self._comm())
+        # (sharded construction sends rank 0's unit by unit)
+        if not construct:
+            self.broadcast(list(model.parameters()) + list(model.buffers()))
+        engine = ShardEngine(model, self._engine_config(), self._comm(), construct=construct)
         self.engines.append(engine)
         self.sharded.append(ShardedParams(engine))
         rep = [p for _, p in engine.replicated if p.requires_grad]
