@@ -8,16 +8,23 @@
 # test_sharded_engine's checks (losses, gathered weights, model_slices and optimizer_layout against the reference,
 # bytes per step, model-state bytes). Also: a stage-3 meta model saved by save_model loads in transformers and
 # equals the reference; no rank allocates the whole model while preparing (live tensor bytes during prepare,
-# tracked op by op: at most one unit on top of the engine's shards); a module without reset_parameters is an error
-# on every rank naming it; NO_SHARD (stage 0) gets the whole model from rank 0.
+# tracked op by op: at most one unit and a shard on top of the engine's shards); a module without reset_parameters
+# is an error on every rank naming it; NO_SHARD (stage 0) gets the whole model from rank 0; transformers'
+# from_pretrained under cpu_ram_efficient_loading (keys missing from the checkpoint: initialised on rank 0, meta on
+# the others) trains one step like one process.
 # Not for: materialisation on one process (test_materialize.py) or RSS (benchmarks/sharded_init.py).
 import json
+import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
+from conftest import SCRIPTS
 from test_sharded_engine import _check, _reference
+
+sys.path.insert(0, SCRIPTS)
+from sharded_train import build  # noqa: E402
 
 CASES = [  # model, face, stage, nproc, extra
     ("bn", "fsdp", 3, 2, ["--meta", "all", "--seed_per_rank", "--construct_flag", "--optim", "sgd"]),
@@ -28,6 +35,7 @@ CASES = [  # model, face, stage, nproc, extra
     ("llama", "fsdp", 3, 2, ["--meta", "rank0_real", "--construct_flag", "--wrap", "llayer"]),
     ("llama", "ds", 1, 3, ["--meta", "all", "--seed_per_rank", "--construct_flag", "--wrap", "llayer"]),
     ("mlp", "fsdp", 3, 2, ["--meta", "all", "--construct_flag", "--wrap", "size", "--bf16"]),
+    ("mlp", "ds", 2, 2, ["--meta", "all", "--seed_per_rank", "--wrap", "size", "--bf16"]),
     ("bn", "fsdp", 0, 2, ["--meta", "all", "--seed_per_rank", "--construct_flag", "--optim", "sgd"]),
 ]
 
@@ -56,12 +64,9 @@ def test_meta_model_trains_like_one_process(run, tmp_path, tmp_path_factory, mod
     _check(ref, got, model, stage, nproc, extra)
 
 
-def test_meta_seeds_differ_so_rank0_values_are_the_proof(run, tmp_path_factory):
+def test_meta_seeds_differ_so_rank0_values_are_the_proof():
     """The per-rank-seed cases prove rank 0's values win only if the seeds give different models."""
     from accelerate_c.sharding.materialize import materialize_model
-    import sys, os
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
-    from sharded_train import build
     models = []
     for seed in (1, 2):
         with torch.device("meta"):
@@ -126,3 +131,36 @@ def test_module_without_reset_parameters_is_an_error_on_every_rank(run, tmp_path
     text = str(info.value)
     assert "NoInit ('1')" in text and "reset_parameters" in text, text[-3000:]
     assert "rank 1: sharded construction: rank 0 cannot initialise" in text, text[-3000:]
+
+
+MISSING = ("model.norm.weight", "model.layers.1.mlp.down_proj.weight")
+
+
+def test_from_pretrained_with_cpu_ram_efficient_loading(run, tmp_path):
+    """transformers loads the weights on rank 0 only (the others stay on meta); after prepare and one AdamW step
+    on the same batch everywhere, the loss and the gathered weights equal one process's on the loaded model."""
+    transformers = pytest.importorskip("transformers")
+    src, out = tmp_path / "pretrained", tmp_path / "out"
+    build("llama").save_pretrained(str(src))
+    # keys the checkpoint lacks (a new head, say): transformers initialises them on rank 0 and leaves them on the
+    # meta device elsewhere (the ranks > 0 load the rest themselves)
+    weights = load_file(str(src / "model.safetensors"))
+    for k in MISSING:
+        del weights[k]
+    save_file(weights, str(src / "model.safetensors"), metadata={"format": "pt"})
+    run("construct_pretrained.py", [str(src), str(out)], nproc=2, launcher="accelerate_c", timeout=180)
+    got = json.loads((out / "result.json").read_text())
+    assert got["meta_before_prepare"] == [0.0, 1.0], got["meta_before_prepare"]
+    torch.manual_seed(0)  # as the script's ranks before from_pretrained
+    ref = transformers.LlamaForCausalLM.from_pretrained(str(src))
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    ids = torch.arange(16).view(2, 8) % 64
+    loss = ref(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    assert abs(loss.item() - got["loss"]) <= 1e-5, (loss.item(), got["loss"])
+    inv = ref.model.rotary_emb.inv_freq.tolist()
+    assert got["inv_freq"] == [inv, inv]
+    gathered = load_file(str(out / "gathered.safetensors"))
+    for k, v in ref.state_dict().items():
+        assert torch.allclose(gathered[k], v, atol=1e-5, rtol=0), k
