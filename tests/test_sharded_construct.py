@@ -164,3 +164,27 @@ def test_from_pretrained_with_cpu_ram_efficient_loading(run, tmp_path):
     gathered = load_file(str(out / "gathered.safetensors"))
     for k, v in ref.state_dict().items():
         assert torch.allclose(gathered[k], v, atol=1e-5, rtol=0), k
+
+
+def test_evaluation_mode_gets_rank0_whole_model(run, tmp_path):
+    """prepare_model(evaluation_mode=True) of a meta model (per-rank seeds): the whole model, rank 0's values, on
+    every rank (rank 0 initialises, the others receive)."""
+    script = tmp_path / "evalmode.py"
+    script.write_text(
+        "import sys, torch\n"
+        "from accelerate_c import Accelerator, FullyShardedDataParallelPlugin\n"
+        "from accelerate_c.sharding.materialize import materialize_model\n"
+        "acc = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True))\n"
+        "make = lambda: torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.BatchNorm1d(5), torch.nn.Linear(5, 2))\n"
+        "with torch.device('meta'):\n"
+        "    model, ref = make(), make()\n"
+        "torch.manual_seed(1)\n"
+        "materialize_model(ref)\n"
+        "torch.manual_seed(1 + acc.process_index)\n"
+        "model = acc.prepare_model(model, evaluation_mode=True)\n"
+        "inner = acc.unwrap_model(model)\n"
+        "bad = [k for k, v in ref.state_dict().items() if not torch.equal(v, inner.state_dict()[k])]\n"
+        "print(f'rank {acc.process_index} differs: {bad}', flush=True)\n"
+        "sys.exit(1 if bad else 0)\n")
+    out = run(str(script), [], nproc=2, launcher="accelerate_c", timeout=120)
+    assert "rank 0 differs: []" in out.stdout and "rank 1 differs: []" in out.stdout, out.stdout[-2000:]
