@@ -5,7 +5,10 @@
 # Initialisation: a transformers PreTrainedModel's own `_initialize_weights` (which dispatches to nested
 # sub-models' own init), else each module's `reset_parameters()`; a module with meta tensors and neither is an
 # error naming it. Tied parameters (one Parameter object reached from several modules) are materialised once and
-# handed to the sink after the last module that uses them is initialised (its init may rewrite them).
+# handed to the sink after the last module that uses them is initialised (its init may rewrite them). A meta
+# Parameter keeps its identity (its contents are swapped for real ones), so optimizers and tables built over the
+# meta model stay valid; an `alloc` hook may place each tensor (sharding/construct.py: straight into its unit's flat
+# buffer). `check_initializable` raises the init error up front, for callers that must agree before communicating.
 # Reference for tests: `materialize_model` does the same on one process; an eagerly built model re-initialised
 # by `reinitialize(model)` from the same seed gets bitwise the same values.
 # Not for: packing shards (the engine) or loading pretrained weights (checkpointing/).
