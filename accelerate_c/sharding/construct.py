@@ -75,8 +75,6 @@ class _Placement:
         self.order = sorted(engine.units, key=lambda u: (done[u.index], u.index))
         self.arrived = [0] * len(engine.units)
         self.next = 0
-        self.peak_unit_bytes = 0  # the most bytes of unit buffers held at once by this placement (tests read it)
-        self._held = 0
 
     # -- rank 0's unit buffers ---------------------------------------------------------------------------
     def _buf(self, u: FlatUnit) -> torch.Tensor:
@@ -85,12 +83,7 @@ class _Placement:
         buf = self.bufs.get(u.index)
         if buf is None:
             buf = self.bufs[u.index] = torch.empty(u.padded, dtype=torch.float32, device=self.device)
-            self._hold(buf.numel() * 4)
         return buf
-
-    def _hold(self, nbytes: int) -> None:
-        self._held += nbytes
-        self.peak_unit_bytes = max(self.peak_unit_bytes, self._held)
 
     def _alloc(self, name: str, t: torch.Tensor, is_param: bool) -> Optional[torch.Tensor]:
         i = self.e.index.get(id(t)) if is_param else None
@@ -145,8 +138,7 @@ class _Placement:
                 _bind(x.param, v)
             full.untyped_storage().resize_(0)  # zero3.py refills it in place when the unit is used
             u.full, u.gathered = full, False
-        if self.src and self.bufs.pop(u.index, None) is not None:
-            self._held -= u.padded * 4
+        self.bufs.pop(u.index, None)
 
     def _scatter(self, u: FlatUnit, buf: Optional[torch.Tensor], mine: torch.Tensor) -> None:
         """Rank 0's unit `buf` -> every rank's shard `mine` (ranks holding the same shard on other hosts too)."""

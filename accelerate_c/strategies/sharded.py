@@ -7,7 +7,8 @@
 # all-gather of the updated shards (stages 1/2). Parameters kept out of the units (ignored_modules) are averaged
 # after each synced backward as DDP's reference path does; frozen ones are left alone. Buffers follow DDP's
 # broadcast_buffers rule (the same wrapper). HYBRID_SHARD across hosts shards over a host's ranks and averages each
-# shard gradient across hosts (_hybrid_comm).
+# shard gradient across hosts (_hybrid_comm). A model on the meta device (on any rank) is built shard by shard from
+# rank 0's values at prepare (sharding/construct.py).
 # Not for: the engine's buffers and hooks (sharding/), the plugins (utils/sharding_plugins.py) or checkpoint files.
 from __future__ import annotations
 
