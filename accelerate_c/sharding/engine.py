@@ -30,8 +30,9 @@ from .units import build_units
 
 
 class ShardEngine:
-    def __init__(self, model: torch.nn.Module, config: Any, comm: ShardComm) -> None:
+    def __init__(self, model: torch.nn.Module, config: Any, comm: ShardComm, construct: bool = False) -> None:
         self.model, self.config, self.comm = model, config, comm
+        self.construct = construct  # some rank's model is on the meta device: sharded construction (construct.py)
         self.stage = int(config.stage)
         self.rank, self.world = comm.rank, comm.size
         specs, self.replicated = build_units(model, config.auto_wrap_policy, config.transformer_layer_cls,
@@ -116,7 +117,12 @@ class ShardEngine:
             self.pshard = comm.alloc(self.shard_numel)
             if self.low:
                 self.lshard = comm.alloc(self.shard_numel, pdt)  # the shards' compute copy, what is gathered
-        for u in self.units:
+        units = self.units
+        if self.construct:  # the same buffers, filled from rank 0 unit by unit
+            from .construct import place_units
+            self.placement = place_units(self)
+            units = []
+        for u in units:
             f32 = torch.empty(u.padded, dtype=torch.float32, device=comm.device)
             u.pack(f32, [e.param.data for e in u.entries])
             if self.stage in (1, 2):

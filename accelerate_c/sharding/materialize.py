@@ -5,7 +5,10 @@
 # Initialisation: a transformers PreTrainedModel's own `_initialize_weights` (which dispatches to nested
 # sub-models' own init), else each module's `reset_parameters()`; a module with meta tensors and neither is an
 # error naming it. Tied parameters (one Parameter object reached from several modules) are materialised once and
-# handed to the sink after the last module that uses them is initialised (its init may rewrite them).
+# handed to the sink after the last module that uses them is initialised (its init may rewrite them). A meta
+# Parameter keeps its identity (its contents are swapped for real ones), so optimizers and tables built over the
+# meta model stay valid; an `alloc` hook may place each tensor (sharding/construct.py: straight into its unit's flat
+# buffer). `check_initializable` raises the init error up front, for callers that must agree before communicating.
 # Reference for tests: `materialize_model` does the same on one process; an eagerly built model re-initialised
 # by `reinitialize(model)` from the same seed gets bitwise the same values.
 # Not for: packing shards (the engine) or loading pretrained weights (checkpointing/).
@@ -55,35 +58,54 @@ def _init_fn(root: nn.Module) -> Callable[[nn.Module], None]:
                     fn(m)
         return init
 
+    names = {id(m): n for n, m in root.named_modules()}
+
     def init_torch(m: nn.Module) -> None:
         own = [t for t in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False))]
         if not own:
             return
-        reset = getattr(m, "reset_parameters", None) or getattr(m, "_reset_parameters", None)
+        reset = _reset_of(m)
         if reset is None:
-            raise ValueError(f"sharded construction: module {type(m).__name__} has tensors on the meta device but no "
-                             "reset_parameters() to initialise them; build it on a real device or give it one")
+            raise ValueError(_no_init(m, names.get(id(m), "")))
         with torch.no_grad():
             reset()
     return init_torch
 
 
-def materialize_stream(model: nn.Module, sink: Sink, device: torch.device | str = "cpu",
-                       units: Optional[list[nn.Module]] = None) -> None:
-    """Materialises every meta tensor of `model` on `device`, module by module in post-order, initialises each
-    module and hands each tensor to `sink(name, tensor, is_param)` once initialisation can no longer touch it: after
-    the post-order visit of the nearest enclosing module among `units` (the model itself always counts; a
-    transformers init may rewrite a child's tensors from the parent, e.g. GPT-2's scaled c_proj), and after the last
-    such point of every module that shares it (tied weights). Tensors already real are handed over too, so the sink
-    sees every parameter and buffer once, by its first name in named_parameters()/named_buffers() order. The peak
-    is the largest unit (plus tied tensors kept until their last use)."""
-    device = torch.device(device)
-    init = _init_fn(model)
-    hf = _is_hf(model)
+def _reset_of(m: nn.Module) -> Optional[Callable[[], None]]:
+    return getattr(m, "reset_parameters", None) or getattr(m, "_reset_parameters", None)
+
+
+def _no_init(m: nn.Module, name: str) -> str:
+    where = f" ({name!r})" if name else " (the root)"
+    return (f"sharded construction: module {type(m).__name__}{where} has tensors on the meta device but no "
+            "reset_parameters() to initialise them; build it on a real device or give it one")
+
+
+def check_initializable(model: nn.Module) -> None:
+    """Raises materialize_stream's error for a module it could not initialise, before anything is allocated (a
+    collective caller checks first, so that no rank is left waiting for units that never come)."""
+    if _is_hf(model):
+        return
+    for name, m in model.named_modules():
+        own = list(m.parameters(recurse=False)) + list(m.buffers(recurse=False))
+        if any(t.is_meta for t in own) and _reset_of(m) is None:
+            raise ValueError(_no_init(m, name))
+
+
+Alloc = Callable[[str, torch.Tensor, bool], Optional[torch.Tensor]]  # (name, meta tensor, is_param) -> storage
+
+
+def _plan(model: nn.Module, units: Optional[list[nn.Module]]) -> tuple[list[tuple[str, nn.Module]], dict[int, int],
+                                                                          dict[int, str]]:
+    """(post-order of the modules, id(tensor) -> the order index after which it goes to the sink, id -> first name).
+    A tensor goes after the post-order visit of the nearest enclosing module among `units` (the model itself always
+    counts) of every module that registers it (see materialize_stream)."""
     order = list(_post_order(model))
     pos = {id(m): i for i, (_, m) in enumerate(order)}
     boundary = {id(model)} | {id(u) for u in (units or [])}
     release: dict[int, int] = {}  # id(module) -> the order index after which its own tensors may go
+
     def walk(m: nn.Module, at: int) -> None:
         here = pos[id(m)] if id(m) in boundary else at
         release[id(m)] = here
@@ -100,7 +122,41 @@ def materialize_stream(model: nn.Module, sink: Sink, device: torch.device | str 
         for t in list(m._parameters.values()) + list(m._buffers.values()):
             if t is not None:
                 last[id(t)] = max(last.get(id(t), -1), release[id(m)])
+    return order, last, names
+
+
+def release_points(model: nn.Module, units: Optional[list[nn.Module]] = None) -> dict[int, int]:
+    """id(tensor) -> the post-order index after which materialize_stream hands it to the sink (every rank computes
+    the same schedule from the module structure alone, meta or not)."""
+    return _plan(model, units)[1]
+
+
+def _real_param(old: nn.Parameter, data: torch.Tensor) -> None:
+    """Turns the meta Parameter `old` into one holding `data`, keeping the object (optimizers, tied modules and the
+    engine's tables hold it by identity); Python attributes carry over except transformers' init flag."""
+    new = nn.Parameter(data, requires_grad=old.requires_grad)
+    new.__dict__.update({k: v for k, v in old.__dict__.items() if k != "_is_hf_initialized"})
+    torch.utils.swap_tensors(old, new)
+
+
+def materialize_stream(model: nn.Module, sink: Sink, device: torch.device | str = "cpu",
+                       units: Optional[list[nn.Module]] = None, alloc: Optional[Alloc] = None) -> None:
+    """Materialises every meta tensor of `model` on `device`, module by module in post-order, initialises each
+    module and hands each tensor to `sink(name, tensor, is_param)` once initialisation can no longer touch it: after
+    the post-order visit of the nearest enclosing module among `units` (the model itself always counts; a
+    transformers init may rewrite a child's tensors from the parent, e.g. GPT-2's scaled c_proj), and after the last
+    such point of every module that shares it (tied weights). Tensors already real are handed over too, so the sink
+    sees every parameter and buffer once, by its first name in named_parameters()/named_buffers() order. The peak
+    is the largest unit (plus tied tensors kept until their last use).
+    A meta Parameter stays the same Python object (its contents are swapped for real ones); a meta buffer is
+    replaced in its module. `alloc(name, meta tensor, is_param)` may supply the storage (e.g. a view of the unit's
+    flat buffer, so nothing is copied afterwards); None or no alloc: a fresh torch.empty on `device`."""
+    device = torch.device(device)
+    init = _init_fn(model)
+    hf = _is_hf(model)
+    order, last, names = _plan(model, units)
     made: dict[int, torch.Tensor] = {}  # id(original tensor) -> its materialised replacement (or itself)
+    was_meta: set[int] = set()          # a module sharing one of these (tied) is initialised too, as its first user
     pending: dict[int, list[tuple[str, torch.Tensor, bool]]] = {}
     for i, (_, m) in enumerate(order):
         touched = False
@@ -110,16 +166,22 @@ def materialize_stream(model: nn.Module, sink: Sink, device: torch.device | str 
                     continue
                 new = made.get(id(t))
                 if new is None:
+                    name = names.get(id(t), key)
+                    new = t
                     if t.is_meta:
-                        data = torch.empty(t.shape, dtype=t.dtype, device=device)
-                        new = nn.Parameter(data, requires_grad=t.requires_grad) if is_param else data
-                    else:
-                        new = t
+                        data = alloc(name, t, is_param) if alloc is not None else None
+                        if data is None:
+                            data = torch.empty(t.shape, dtype=t.dtype, device=device)
+                        if is_param:
+                            _real_param(t, data)
+                        else:
+                            new = data
+                        was_meta.add(id(t))
                     made[id(t)] = new
-                    pending.setdefault(last[id(t)], []).append((names.get(id(t), key), new, is_param))
+                    pending.setdefault(last[id(t)], []).append((name, new, is_param))
                 if new is not t:
                     slot[key] = new
-                    touched = True
+                touched = touched or id(t) in was_meta
         if touched or hf:
             init(m)
         for name, t, is_param in pending.pop(i, []):

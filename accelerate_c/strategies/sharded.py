@@ -7,7 +7,8 @@
 # all-gather of the updated shards (stages 1/2). Parameters kept out of the units (ignored_modules) are averaged
 # after each synced backward as DDP's reference path does; frozen ones are left alone. Buffers follow DDP's
 # broadcast_buffers rule (the same wrapper). HYBRID_SHARD across hosts shards over a host's ranks and averages each
-# shard gradient across hosts (_hybrid_comm).
+# shard gradient across hosts (_hybrid_comm). A model on the meta device (on any rank) is built shard by shard from
+# rank 0's values at prepare (sharding/construct.py).
 # Not for: the engine's buffers and hooks (sharding/), the plugins (utils/sharding_plugins.py) or checkpoint files.
 from __future__ import annotations
 
@@ -82,17 +83,6 @@ class ShardedDataParallel(BucketedDataParallel):
     def stage(self) -> int:
         return int(self.config.stage)
 
-    def _check_config(self, model: Optional[torch.nn.Module] = None) -> None:
-        # cpu_ram_efficient_loading / zero3_init change how a model is constructed; a model that is already real
-        # (the usual case, and what HF's launcher defaults give) needs nothing from them. Materialising a model
-        # on the meta device shard by shard (sharding/materialize.py) is not wired into the engine yet.
-        if model is not None and any(t.is_meta for t in list(model.parameters()) + list(model.buffers())):
-            raise NotImplementedError("sharded engine: the model has tensors on the meta device; sharded "
-                                      "construction (cpu_ram_efficient_loading / zero3_init) is not implemented "
-                                      "yet: build the model on the CPU")
-        # cpu_offload on a CPU run is a no-op, said once per process by its face: the FSDP plugin's in
-        # AcceleratorState (state.py), DeepSpeed's JSON at prepare (deepspeed_json._say_offload_is_noop)
-
     def _engine_config(self) -> ShardedConfig:
         """The Accelerator's mixed_precision="bf16" / "fp16" means a bf16 / fp16 compute copy unless param_dtype
         says otherwise (HF: FSDP's set_mixed_precision, DeepSpeed's bf16 / fp16 block); fp32 master shards."""
@@ -142,18 +132,23 @@ class ShardedDataParallel(BucketedDataParallel):
     # -- preparation -------------------------------------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
         if self.stage == 0 or evaluation_mode:
+            from ..sharding.construct import construction_needed, materialize_whole
+            if construction_needed(model, self._comm()):  # a meta model, whole on every rank (rank 0's values)
+                materialize_whole(model, self.state.device, self.state.process_index == 0)
+                if evaluation_mode:  # (DDP's prepare broadcasts for training only)
+                    self.broadcast(list(model.parameters()) + list(model.buffers()))
             return super().prepare_model(model, device_placement, evaluation_mode)
-        self._check_config(model)
+        from ..sharding.construct import construction_needed
         from ..sharding.engine import ShardEngine
         from ..sharding.optim_shard import ShardedParams
-        if any(p.device.type == "meta" for p in model.parameters()):
-            raise NotImplementedError("sharded engine: the model has parameters on the meta device; sharded "
-                                      "construction (cpu_ram_efficient_loading) is not implemented yet")
-        if device_placement:
+        construct = construction_needed(model, self._comm())  # collective: some rank's model is on meta
+        if device_placement and not construct:
             model = model.to(self.state.device)
         # every rank starts from rank 0's parameters and buffers (sync_module_states), as DDP at construction
-        self.broadcast(list(model.parameters()) + list(model.buffers()))
-        engine = ShardEngine(model, self._engine_config(), self._comm())
+        # (sharded construction sends rank 0's unit by unit)
+        if not construct:
+            self.broadcast(list(model.parameters()) + list(model.buffers()))
+        engine = ShardEngine(model, self._engine_config(), self._comm(), construct=construct)
         self.engines.append(engine)
         self.sharded.append(ShardedParams(engine))
         rep = [p for _, p in engine.replicated if p.requires_grad]

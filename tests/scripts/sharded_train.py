@@ -3,6 +3,11 @@
 #   --model bn:   ddp_semantics.py's MLP with BatchNorm buffers, a sometimes-unused, a never-used and a frozen layer
 #   --model gpt2: transformers' GPT2LMHeadModel built from a tiny config (tied embedding / head), wpe frozen
 #   --model mlp:  a stack of equal Linear layers (many units: the memory and bytes formulas)
+#   --model llama: transformers' LlamaForCausalLM from a tiny config (rotary inv_freq buffers, tied embeddings)
+# Sharded construction (--meta all | rank0_real): the distributed run builds the model on the meta device (every
+# rank, or every rank but 0, which holds the real model), seeded per rank with --seed_per_rank; the reference is
+# the eager model re-initialised by materialize.reinitialize from seed 1 (rank 0's seed). --track_alloc writes
+# alloc<r>.json: the peak bytes of tensor storages alive during prepare (alloc_track.py).
 # With --emulate N on one process the same run is computed without communication: per-rank buffers follow DDP's
 # broadcast_buffers rule, gradients are the average over ranks, optimizer AdamW or SGD with momentum, clipping
 # torch's clip_grad_norm_. Output in --out: losses.json, weights.safetensors, optim.safetensors ("<param>/<key>"),
@@ -20,7 +25,7 @@ from safetensors.torch import save_file
 from ddp_semantics import BNNet, chunk
 
 WRAPS = {"no": ("no_wrap", (), 0), "layer": ("transformer_based_wrap", ("GPT2Block",), 0),
-         "size": ("size_based_wrap", (), 1000)}
+         "size": ("size_based_wrap", (), 1000), "llayer": ("transformer_based_wrap", ("LlamaDecoderLayer",), 0)}
 
 
 def build(kind: str) -> torch.nn.Module:
@@ -29,6 +34,11 @@ def build(kind: str) -> torch.nn.Module:
         return BNNet()
     if kind == "mlp":
         return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(48, 48), torch.nn.Tanh()) for _ in range(24)])
+    if kind == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+        return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                                            tie_word_embeddings=True))
     from transformers import GPT2Config, GPT2LMHeadModel
     cfg = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
                      embd_pdrop=0.0, attn_pdrop=0.0)
@@ -93,9 +103,29 @@ def optim_state(model: torch.nn.Module, opts: list) -> dict:
             for k, v in st.items() if isinstance(v, torch.Tensor) and v.numel() == p.numel()}
 
 
+def reference_model(kind: str, meta: str) -> torch.nn.Module:
+    """The eager model; for sharded construction as rank 0 materialises it: re-initialised from seed 1."""
+    model = build(kind)
+    if meta:
+        from accelerate_c.sharding.materialize import reinitialize
+        torch.manual_seed(1)
+        reinitialize(model)
+    return model
+
+
+def constructed_model(args: argparse.Namespace, rank: int) -> torch.nn.Module:
+    """--meta all: every rank builds on the meta device; rank0_real: rank 0 holds the reference's real model."""
+    if args.meta == "rank0_real" and rank == 0:
+        return reference_model(args.model, args.meta)
+    with torch.device("meta"):
+        model = build(args.model)
+    torch.manual_seed(1 + (rank if args.seed_per_rank else 0))  # rank 0 materialises under seed 1 at prepare
+    return model
+
+
 def emulate(args: argparse.Namespace) -> None:
     n, kind = args.emulate, args.model
-    model = build(kind)
+    model = reference_model(kind, args.meta)
     model.train()
     per_rank = [{k: v.clone() for k, v in model.named_buffers()} for _ in range(n)]
 
@@ -148,7 +178,8 @@ def distributed(args: argparse.Namespace) -> None:
         name = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}[args.stage]
         if args.hybrid:
             name = {2: "HYBRID_SHARD_ZERO2", 3: "HYBRID_SHARD"}[args.stage]
-        plugins = {"fsdp_plugin": FullyShardedDataParallelPlugin(sharding_strategy=name)}
+        plugins = {"fsdp_plugin": FullyShardedDataParallelPlugin(sharding_strategy=name,
+                                                                 cpu_ram_efficient_loading=args.construct_flag)}
     else:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         ds = {"train_micro_batch_size_per_gpu": args.global_batch // world,
@@ -157,7 +188,7 @@ def distributed(args: argparse.Namespace) -> None:
             ds["gradient_clipping"] = args.ds_clip
         if args.bf16:
             ds["bf16"] = {"enabled": True}
-        plugins = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=ds)}
+        plugins = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=ds, zero3_init_flag=args.construct_flag)}
     # bf16 through the DeepSpeed face: the Accelerator's mixed_precision; through the FSDP face: param_dtype
     mp = "bf16" if args.bf16 and args.face == "ds" else "no"
     acc = Accelerator(cpu=True, gradient_accumulation_steps=args.grad_accum, mixed_precision=mp, **plugins)
@@ -174,8 +205,19 @@ def distributed(args: argparse.Namespace) -> None:
                                               reshard_after_forward=not args.no_reshard)
     assert acc.strategy.name == "sharded" and acc.strategy.stage == args.stage, (acc.strategy.name, args.stage)
     n, r, kind = acc.num_processes, acc.process_index, args.model
-    model = build(kind)
-    model, *opts = acc.prepare(model, *make_optimizers(model, args.optim, args.two_opt))
+    model = constructed_model(args, r) if args.meta else build(kind)
+    optims = make_optimizers(model, args.optim, args.two_opt)
+    if args.track_alloc:
+        from alloc_track import LiveBytes
+        with LiveBytes() as live:
+            model, *opts = acc.prepare(model, *optims)
+        whole = sum(t.numel() * t.element_size() for t in acc.unwrap_model(model).state_dict().values())
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, f"alloc{r}.json"), "w") as f:
+            json.dump({"peak": live.peak, "whole": whole,
+                       "max_unit": 4 * max(u.padded for u in acc.strategy.engines[0].units)}, f)
+    else:
+        model, *opts = acc.prepare(model, *optims)
     losses, per_step = [], []
     for m in range(args.steps * args.grad_accum):
         xb, yb = batch(kind, m, args.global_batch)
@@ -232,6 +274,10 @@ def distributed(args: argparse.Namespace) -> None:
     sd = acc.get_state_dict(model)  # collective (gathers unit by unit under stage 3)
     if acc.is_main_process:
         write(args, losses, sd, {})
+    if args.save_model:  # the HF layout from the shards (checkpointing/model.py), config beside it
+        acc.save_model(model, args.save_model)
+        if acc.is_main_process and hasattr(acc.unwrap_model(model), "config"):
+            acc.unwrap_model(model).config.save_pretrained(args.save_model)
     acc.wait_for_everyone()
     acc.end_training()
 
@@ -248,7 +294,7 @@ def write(args: argparse.Namespace, losses: list, sd: dict, optim: dict) -> None
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--model", choices=("bn", "gpt2", "mlp"), default="bn")
+    p.add_argument("--model", choices=("bn", "gpt2", "mlp", "llama"), default="bn")
     p.add_argument("--stage", type=int, default=3)
     p.add_argument("--face", choices=("fsdp", "ds"), default="fsdp")
     p.add_argument("--wrap", choices=tuple(WRAPS), default="no")
@@ -264,6 +310,12 @@ def main() -> None:
     p.add_argument("--no_reshard", action="store_true", help="FSDP reshard_after_forward=False")
     p.add_argument("--ac", action="store_true", help="activation checkpointing per unit")
     p.add_argument("--ignore", default="", help="ignored_modules: a regex of module names")
+    p.add_argument("--meta", choices=("", "all", "rank0_real"), default="", help="sharded construction")
+    p.add_argument("--seed_per_rank", action="store_true", help="--meta: each rank seeded differently")
+    p.add_argument("--construct_flag", action="store_true",
+                   help="FSDP cpu_ram_efficient_loading / DeepSpeed zero3_init_flag")
+    p.add_argument("--track_alloc", action="store_true", help="alloc<r>.json: peak live tensor bytes in prepare")
+    p.add_argument("--save_model", default="", help="accelerator.save_model into this directory after training")
     p.add_argument("--emulate", type=int, default=0, help="the single-process reference of N ranks")
     p.add_argument("--out", required=True)
     args = p.parse_args()
