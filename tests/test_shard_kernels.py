@@ -77,8 +77,9 @@ def test_pack_mixed_source_dtypes(level):
 
 @pytest.mark.parametrize("dst_dtype", DT)
 def test_pack_threads_split_a_big_destination(level, dst_dtype):
-    """> 1M elements: 2 and 3 threads split mid-piece and mid-gap; every count gives torch's bits."""
-    sizes, gaps = [300_001, 7, 500_000, 250_003, None, 130_000], [0, 11, 1, 0, 9, 4]
+    """> 6M elements (the kernel gives each thread >= 2M): 2 and 3 threads split mid-piece and mid-gap; every
+    count gives torch's bits."""
+    sizes, gaps = [1_900_001, 7, 2_500_000, 1_250_003, None, 700_000], [0, 11, 1, 0, 2_000, 4]
     offsets, srcs, end = layout(sizes, gaps, 11, [torch.float32, torch.bfloat16])
     ref = reference(dst_dtype, end + 21, offsets, srcs)
     for nthreads in (1, 2, 3):

@@ -52,7 +52,7 @@ class ShardEngine:
             if e.param.dtype != torch.float32:
                 raise TypeError(f"sharded engine: parameter {e.name} is {e.param.dtype}; the master shards are fp32 "
                                 "(build the model in fp32; a low-precision compute copy is param_dtype's job)")
-        # mixed precision: parameters, gradients and their reduction in the compute dtype, fp32 master shards
+        # mixed precision: parameters and gradients in the compute dtype, reduced in reduce_dtype; fp32 master shards
         pdt = config.param_dtype or torch.float32
         self.pdt, self.low = pdt, pdt != torch.float32
         self.rdt = config.reduce_dtype or pdt

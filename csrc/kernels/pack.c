@@ -9,8 +9,9 @@
 #include "kernels/pack.h"
 #include "parallel.h"
 
-/* Threads are created per call (~30-50 us each): only units of >= 2 x this many elements are split. */
-#define PACK_MIN_PER_THREAD ((size_t)1 << 19)
+/* Threads are created per call (~30-50 us each) while one thread copies an in-cache unit at ~100 GB/s (a 3M-element
+ * bf16 unit in ~0.1 ms, benchmarks/pack.py): only units of >= 2 x this many elements are split. */
+#define PACK_MIN_PER_THREAD ((size_t)1 << 21)
 
 typedef struct {
     const acc_pack_piece *pieces;
