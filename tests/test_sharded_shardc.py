@@ -1,12 +1,14 @@
 # tests/test_sharded_shardc.py: the sharded engine's mixed-precision dtypes on real gloo processes against the
-# single-process loop (tests/scripts/sharded_train.py --emulate N, the same bf16 compute copies, gradients summed in
-# fp32): reduce_dtype float32 under param_dtype bf16 (FSDP2's MixedPrecisionPolicy(param_dtype=bf16,
-# reduce_dtype=fp32); the DeepSpeed face through the config field) on stages 1-3, FSDP1's buffer_dtype on a
-# BatchNorm model (buffers live in bf16, the full state dict gives them back in fp32), within the existing bf16
-# tolerances (2e-3; optimizer state 1e-3). The bytes counted per step show the reduction really ran in fp32 (4-byte
-# reduce-scatter, 2-byte all-gather). And the C paths (pack kernel, fused step writing the compute copy) against the
-# torch copies + separate cast (ACCELERATE_C_SHARD_KERNELS=0) on the same run: losses and weights bit for bit.
-# Not for: the kernels alone (tests/test_shard_kernels.py) or fp32/bf16-reduce runs (tests/test_sharded_engine.py).
+# single-process loop (tests/scripts/sharded_train.py --emulate N; under bf16 the same bf16 compute copies, gradients
+# summed in fp32): reduce_dtype float32 under param_dtype bf16 (FSDP2's MixedPrecisionPolicy(param_dtype=bf16,
+# reduce_dtype=fp32); the DeepSpeed face through the config field) on stages 1-3; fp32 parameters reduced in bf16
+# (MixedPrecisionPolicy(reduce_dtype=bf16): the shard gradient kept in bf16, cast for the step); FSDP1's buffer_dtype
+# on a BatchNorm model (buffers live in bf16, the full state dict gives them back in fp32). Within the existing bf16
+# tolerances (2e-3; optimizer state 1e-3); the bytes counted per step show which dtype each collective moved (the
+# reduce-scatter in the reduce dtype, the all-gather in the compute dtype). And the C paths (pack kernel, fused step
+# writing the compute copy) against the torch copies + separate cast (ACCELERATE_C_SHARD_KERNELS=0) on the same
+# run: losses and weights bit for bit.
+# Not for: the kernels alone (tests/test_shard_kernels.py) or same-dtype runs (tests/test_sharded_engine.py).
 import json
 
 import pytest
@@ -17,13 +19,14 @@ CASES = [  # model, face, stage, nproc, extra args
     ("mlp", "ds", 1, 2, ["--wrap", "size", "--bf16", "--reduce_fp32", "--grad_accum", "2"]),
     ("mlp", "fsdp", 2, 2, ["--wrap", "size", "--bf16", "--reduce_fp32", "--grad_accum", "2", "--clip", "0.5"]),
     ("mlp", "fsdp", 3, 3, ["--wrap", "size", "--bf16", "--reduce_fp32", "--grad_accum", "2"]),
+    ("mlp", "fsdp", 2, 2, ["--wrap", "size", "--reduce_bf16", "--grad_accum", "2"]),
     ("bnmp", "fsdp", 2, 2, ["--bf16", "--buffer_bf16", "--reduce_fp32", "--optim", "sgd"]),
     ("bnmp", "fsdp", 3, 2, ["--bf16", "--buffer_bf16", "--reduce_fp32", "--grad_accum", "2"]),
 ]
 
 
 def _id(case: tuple) -> str:
-    flags = "".join(f"-{a[2:]}" for a in case[4] if a in ("--reduce_fp32", "--buffer_bf16"))
+    flags = "".join(f"-{a[2:]}" for a in case[4] if a in ("--reduce_fp32", "--reduce_bf16", "--buffer_bf16"))
     return f"{case[0]}-{case[1]}-z{case[2]}-n{case[3]}{flags}"
 
 
@@ -38,7 +41,7 @@ def test_mixed_dtypes_train_like_one_process(run, tmp_path, tmp_path_factory, mo
     got = tmp_path / "got"
     run("sharded_train.py", args + ["--face", face, "--stage", str(stage), "--out", str(got)], nproc=nproc,
         launcher="accelerate_c", timeout=180)
-    reduce_fp32 = "--reduce_fp32" in extra
+    reduce_fp32, reduce_bf16 = "--reduce_fp32" in extra, "--reduce_bf16" in extra
     # the existing bf16 tolerances: the reference's per-rank gradients are of loss / (accumulation * ranks), rounded
     # to bf16 before its fp32 sum, ours of loss / accumulation (averaged in the reduction)
     tol, otol = 2e-3, 1e-3
@@ -57,8 +60,8 @@ def test_mixed_dtypes_train_like_one_process(run, tmp_path, tmp_path_factory, mo
         assert s["reduce_dtype"] == ("torch.float32" if reduce_fp32 else "torch.bfloat16"), s["reduce_dtype"]
         psi = s["padded"]
         ga = int(extra[extra.index("--grad_accum") + 1]) if "--grad_accum" in extra else 1
-        rs = (4 if reduce_fp32 else 2) * psi  # one reduce-scatter of every unit in the reduce dtype
-        ag = 2 * psi                          # one all-gather of the bf16 compute copy
+        rs = (4 if reduce_fp32 else 2) * psi   # one reduce-scatter of every unit in the reduce dtype
+        ag = (4 if reduce_bf16 else 2) * psi   # one all-gather of the compute copy (fp32 under --reduce_bf16)
         expected = {1: rs + ag, 2: ga * rs + ag, 3: ga * (rs + 2 * ag)}[stage]
         assert s["bytes_per_step"] == [expected] * len(s["bytes_per_step"]), (s["bytes_per_step"], expected)
     if "--buffer_bf16" in extra:

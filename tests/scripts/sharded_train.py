@@ -159,6 +159,9 @@ def distributed(args: argparse.Namespace) -> None:
         if args.reduce_fp32:  # FSDP2's common mixed precision: bf16 compute, fp32 reduction
             from torch.distributed.fsdp import MixedPrecisionPolicy
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if args.reduce_bf16:  # fp32 parameters, gradients reduced (and the shard gradient kept) in bf16
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+            policy = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
         if args.buffer_bf16:  # FSDP1's MixedPrecision (a dict with buffer_dtype)
             policy = {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32 if args.reduce_fp32 else
                       torch.bfloat16, "buffer_dtype": torch.bfloat16}
@@ -278,6 +281,7 @@ def main() -> None:
     p.add_argument("--ds_clip", type=float, default=0.0, help="DeepSpeedPlugin(gradient_clipping=...)")
     p.add_argument("--bf16", action="store_true", help="param_dtype bf16: a bf16 compute copy, fp32 master shards")
     p.add_argument("--reduce_fp32", action="store_true", help="with --bf16: reduce_dtype float32 (FSDP: the policy)")
+    p.add_argument("--reduce_bf16", action="store_true", help="fp32 parameters, reduce_dtype bf16 (FSDP face)")
     p.add_argument("--buffer_bf16", action="store_true", help="with --bf16: FSDP1 MixedPrecision buffer_dtype bf16")
     p.add_argument("--two_opt", action="store_true", help="two optimizers over halves of the parameters")
     p.add_argument("--hybrid", action="store_true", help="FSDP HYBRID_SHARD(_ZERO2): shard in a host, replicate across")
