@@ -6,6 +6,9 @@
 # Each run also times the optimizer step alone (opt.step()) per rank: under ZeRO a rank steps 1/N of the
 # parameters. ddp_nosplit (ACCELERATE_C_SHARDED_STEP=0: every DDP rank steps every parameter) gives the
 # per-rank step of plain DDP. The driver interleaves the runs for --rounds rounds and reports medians.
+# --bf16: the sharded stages under bf16 mixed precision (DeepSpeed bf16 block: a bf16 compute copy of fp32 master
+# shards), each as z<N>_bf16 (the C paths: the pack kernel, the fused step writing the compute copy) and
+# z<N>_bf16_torch (ACCELERATE_C_SHARD_KERNELS=0: torch copies and a separate cast after the step), with the ratio.
 # Targets: Z1/Z2 <= 1.05x our DDP; Z3 <= 1.25x our DDP and <= 0.5x FSDP2; optimizer step DDP / ZeRO >= 1.8.
 # Not for: correctness (tests/test_sharded_engine.py) or the DDP cost against HF (benchmarks/ddp_step.py).
 # Run: python benchmarks/zero_step.py [--quick] [--no-record] [--rounds R] [--steps N]
@@ -28,6 +31,7 @@ from ddp_step import add_model_args, free_port, make_batches, make_model  # noqa
 from _results import append_results  # noqa: E402
 
 KINDS = ("ddp", "ddp_nosplit", "z1", "z2", "z3", "fsdp2")
+BF16_KINDS = ("z1_bf16", "z1_bf16_torch", "z2_bf16", "z2_bf16_torch", "z3_bf16", "z3_bf16_torch")
 
 
 def timed_steps(model, opt, batches, backward, strategy=None) -> tuple[list[float], list[float], list[float]]:
@@ -74,9 +78,11 @@ def worker(args) -> None:
         from accelerate_c import DeepSpeedPlugin
         plugin = None
         if args.worker.startswith("z"):
-            plugin = DeepSpeedPlugin(hf_ds_config={"train_micro_batch_size_per_gpu": args.batch,
-                                                   "zero_optimization": {"stage": int(args.worker[1])}})
-        acc = Accelerator(deepspeed_plugin=plugin)
+            ds = {"train_micro_batch_size_per_gpu": args.batch, "zero_optimization": {"stage": int(args.worker[1])}}
+            if args.bf16:
+                ds["bf16"] = {"enabled": True}
+            plugin = DeepSpeedPlugin(hf_ds_config=ds)
+        acc = Accelerator(deepspeed_plugin=plugin, mixed_precision="bf16" if args.bf16 else "no")
         if plugin is not None:  # one unit per Block (DeepSpeed's JSON has no wrap policy; FSDP2's would be the same)
             acc.strategy.config = dataclasses.replace(acc.strategy.config, auto_wrap_policy="transformer_based_wrap",
                                                       transformer_layer_cls=("Block",))
@@ -107,7 +113,11 @@ def launch(kind: str, args, tmp: str) -> list[dict]:
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("ACCELERATE_USE_CPU", None)
     out = os.path.join(tmp, f"{kind}-{time.monotonic_ns()}")
-    script = [os.path.abspath(__file__), "--worker", kind.replace("_nosplit", ""), "--out", out, *worker_args(args)]
+    script = [os.path.abspath(__file__), "--worker", kind.split("_")[0], "--out", out, *worker_args(args)]
+    if "_bf16" in kind:
+        script.append("--bf16")
+    if kind.endswith("_torch"):
+        env["ACCELERATE_C_SHARD_KERNELS"] = "0"
     if kind == "ddp_nosplit":
         env["ACCELERATE_C_SHARDED_STEP"] = "0"
     if kind == "fsdp2":
@@ -131,7 +141,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=3)
     add_model_args(p)
-    p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument("--kinds", default=None, help=f"default: {','.join(KINDS)} ({','.join(BF16_KINDS)} with --bf16)")
+    p.add_argument("--bf16", action="store_true", help="the sharded stages in bf16, C paths vs torch copies")
     p.add_argument("--worker", choices=["ddp", "z1", "z2", "z3", "fsdp2"], help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -139,7 +150,7 @@ def main() -> None:
         return worker(args)
     if args.quick:
         args.rounds, args.steps, args.warmup = 1, 5, 2
-    kinds = args.kinds.split(",")
+    kinds = (args.kinds or ",".join(BF16_KINDS if args.bf16 else KINDS)).split(",")
     step: dict[str, list[float]] = {k: [] for k in kinds}
     optstep: dict[str, list[float]] = {k: [] for k in kinds}
     extra: dict[str, dict] = {}
@@ -178,11 +189,17 @@ def main() -> None:
             if z in omed:
                 lines.append(f"- optimizer step per rank, DDP (every rank steps all) / {z}: "
                              f"{omed['ddp_nosplit'] / omed[z]:.2f}x (target >= 1.8)")
+    for z in ("z1", "z2", "z3"):
+        c, t = f"{z}_bf16", f"{z}_bf16_torch"
+        if c in med and t in med:
+            lines.append(f"- {z} bf16 step, torch copies + separate cast / C pack + fused compute-copy write: "
+                         f"{med[t] / med[c]:.3f}x (losses bit-identical: {losses[c] == losses[t]})")
     lines.append(f"- per-round step medians (ms): " + "; ".join(f"{k} {[round(x * 1e3, 1) for x in v]}"
                                                               for k, v in step.items()))
     print("\n".join(lines))
     if not args.no_record and not args.quick:
-        append_results("ZeRO step time (benchmarks/zero_step.py)", lines)
+        title = "ZeRO bf16 step time, C paths vs torch copies" if args.bf16 else "ZeRO step time"
+        append_results(f"{title} (benchmarks/zero_step.py)", lines)
 
 
 if __name__ == "__main__":

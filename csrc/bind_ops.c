@@ -8,6 +8,7 @@
 #include "bind_util.h"
 #include "kernels/cast.h"
 #include "kernels/gradops.h"
+#include "kernels/pack.h"
 #include "parallel.h"
 #include "tensor.h"
 
@@ -141,6 +142,63 @@ static PyObject *ops_multi_norm(PyObject *m, PyObject *const *args, Py_ssize_t n
     return PyFloat_FromDouble(out);
 }
 
+/* pack(dst, srcs, offsets, nthreads): srcs[i] (a contiguous CPU tensor, or None: zeros) at element
+ * offsets[i] of dst, converted to dst's dtype; everything else in dst zeroed. */
+static PyObject *ops_pack(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) return PyErr_Format(PyExc_TypeError, "pack takes 4 arguments (dst, srcs, offsets, nthreads)");
+    acc_tensor dst;
+    int nthreads;
+    if (acc_tensor_borrow_cpu(m, args[0], &dst, "pack: dst", -1) < 0) return NULL;
+    if (get_threads(args[3], &nthreads) < 0) return NULL;
+    PyObject *srcs = PySequence_Tuple(args[1]);
+    if (!srcs) return NULL;
+    PyObject *offs = PySequence_Tuple(args[2]);
+    if (!offs) {
+        Py_DECREF(srcs);
+        return NULL;
+    }
+    Py_ssize_t cnt = PyTuple_Size(srcs);
+    acc_pack_piece *pieces = NULL;
+    PyObject *result = NULL;
+    if (PyTuple_Size(offs) != cnt) {
+        PyErr_Format(PyExc_ValueError, "pack: %zd sources but %zd offsets", cnt, PyTuple_Size(offs));
+        goto done;
+    }
+    pieces = (acc_pack_piece *)PyMem_Malloc(sizeof(acc_pack_piece) * (size_t)(cnt ? cnt : 1));
+    if (!pieces) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    size_t np = 0;
+    for (Py_ssize_t i = 0; i < cnt; i++) {
+        PyObject *s = PyTuple_GetItem(srcs, i);
+        if (s == Py_None) continue; /* zeros: the kernel zeroes whatever no piece covers */
+        long long off = PyLong_AsLongLong(PyTuple_GetItem(offs, i));
+        if (off == -1 && PyErr_Occurred()) goto done;
+        if (off < 0) {
+            PyErr_Format(PyExc_ValueError, "pack: offsets[%zd] = %lld is negative", i, off);
+            goto done;
+        }
+        acc_tensor t;
+        if (acc_tensor_borrow_cpu(m, s, &t, "pack: source", -1) < 0) goto done;
+        pieces[np++] = (acc_pack_piece){t.data, t.dtype, (size_t)off, (size_t)t.numel};
+    }
+    acc_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = acc_pack(pieces, np, dst.data, dst.dtype, (size_t)dst.numel, nthreads, NULL);
+    Py_END_ALLOW_THREADS
+    if (st) {
+        acc_raise_status(st, "pack");
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyMem_Free(pieces);
+    Py_DECREF(srcs);
+    Py_DECREF(offs);
+    return result;
+}
+
 PyMethodDef acc_ops_methods[] = {
     {"cast", (PyCFunction)(void (*)(void))ops_cast, METH_FASTCALL,
      "cast($module, src, dst, scale, amax, nthreads, /)\n--\n\n"
@@ -154,5 +212,10 @@ PyMethodDef acc_ops_methods[] = {
     {"multi_norm", (PyCFunction)(void (*)(void))ops_multi_norm, METH_FASTCALL,
      "multi_norm($module, tensors, norm_type, nthreads, /)\n--\n\n"
      "The norm (1, 2 or inf) of all elements of all tensors, accumulated in fp64; returns a float."},
+    {"pack", (PyCFunction)(void (*)(void))ops_pack, METH_FASTCALL,
+     "pack($module, dst, srcs, offsets, nthreads, /)\n--\n\n"
+     "dst[offsets[i]:offsets[i] + srcs[i].numel()] = srcs[i] converted to dst's dtype (float32 / bfloat16 /\n"
+     "float16, round-to-nearest-even as torch's .to()); every element no source covers (None sources, gaps, the\n"
+     "tail) is zeroed. Sources: contiguous CPU tensors in increasing offset order, not overlapping; dst contiguous."},
     {NULL, NULL, 0, NULL},
 };

@@ -14,8 +14,11 @@
 # fp32 master shard, whose .grad views the shard gradient (optim_shard.py), so torch's element-wise optimizers and
 # the fused kernels step the shard unchanged. A parameter that no rank used since the last zero_grad gets grad None
 # on its piece (not stepped), as in the single-process loop.
-# Mixed precision (param_dtype): the full parameters, gradients and their reduction use the compute dtype; fp32
-# master shards (`master`, stage 3 `pshard`) are what the optimizer steps, cast into the compute copy after it.
+# Mixed precision (param_dtype): the full parameters and their gradients use the compute dtype; fp32 master shards
+# (`master`, stage 3 `pshard`) are what the optimizer steps, cast into the compute copy after it (or written by the
+# fused kernel in the same pass: after_step(cast=False)). reduce_dtype (default: the compute dtype): gradients are
+# cast into it on the copy-in (pack.py), reduced in it and the shard gradient `gshard` is kept in it (stage 1 too,
+# when it differs from the compute dtype: the full gradient buffer then stays in the compute dtype).
 # Not for: the strategy contract (strategies/sharded.py) or the layout arithmetic (flat.py).
 from __future__ import annotations
 
@@ -51,12 +54,16 @@ class ShardEngine:
             if e.param.dtype != torch.float32:
                 raise TypeError(f"sharded engine: parameter {e.name} is {e.param.dtype}; the master shards are fp32 "
                                 "(build the model in fp32; a low-precision compute copy is param_dtype's job)")
-        # mixed precision: parameters, gradients and their reduction in the compute dtype, fp32 master shards
+        # mixed precision: parameters and gradients in the compute dtype, reduced in reduce_dtype; fp32 master shards
         pdt = config.param_dtype or torch.float32
-        if config.reduce_dtype is not None and config.reduce_dtype != pdt:
-            raise NotImplementedError(f"sharded engine: reduce_dtype={config.reduce_dtype} differs from param_dtype="
-                                      f"{pdt}: gradients are reduced in the compute dtype")
         self.pdt, self.low = pdt, pdt != torch.float32
+        self.rdt = config.reduce_dtype or pdt
+        if self.rdt not in (torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(f"sharded engine: reduce_dtype={self.rdt}; allowed: float32, bfloat16, float16")
+        self.split_reduce = self.rdt != pdt          # gradients change dtype on their way into the reduction
+        from .buffers import cast_buffers
+        self.buffer_orig = cast_buffers(model, config.buffer_dtype)  # FSDP1 buffer_dtype: id -> original dtype
+        self.low_grad = self.rdt != torch.float32    # the shard gradient needs an fp32 copy for the step
         self.enabled = True            # False inside no_sync
         # this rank produced a gradient since the last zero_grad (on the device: NCCL reduces no CPU tensor)
         self.used = torch.zeros(len(self.entries), device=comm.device)
@@ -147,13 +154,14 @@ class ShardEngine:
                         v.copy_(e.param.grad)
                     e.param.grad = v
                     self.gviews[self.index[id(e.param)]] = v
-        else:
-            self.gshard = comm.alloc(self.shard_numel, pdt)
+        if self.stage != 1 or self.split_reduce:
+            self.gshard = comm.alloc(self.shard_numel, self.rdt)
             # two unit-sized staging buffers: one unit packs while the previous one's reduce-scatter runs
             biggest = max((u.padded for u in self.units), default=0)
-            self.staging = [comm.alloc(biggest, pdt) for _ in range(2 if len(self.units) > 1 else 1)]
+            self.staging = [comm.alloc(biggest, self.rdt) for _ in range(2 if len(self.units) > 1 else 1)]
             self._staging_work: list[Optional[Any]] = [None] * len(self.staging)
             self._next_staging = 0
+        if self.stage != 1:
             for e in self.entries:
                 e.param.grad = None
 
@@ -169,8 +177,14 @@ class ShardEngine:
         """Stage 3: what is all-gathered into the unit's full buffer (the compute copy of the shard)."""
         return (self.lshard if self.low else self.pshard)[u.base:u.base + u.shard]
 
+    def compute_shard(self, u: FlatUnit) -> torch.Tensor:
+        """Mixed precision: this rank's shard of unit u in the compute copy (what the master shard is cast into)."""
+        if self.stage == 3:
+            return self.lshard[u.base:u.base + u.shard]
+        return self.flat[u.fbase + u.lo:u.fbase + u.hi]
+
     def grad_shard(self, u: FlatUnit) -> torch.Tensor:
-        if self.stage == 1:
+        if self.stage == 1 and not self.split_reduce:
             return self.gfull[u.fbase + u.lo:u.fbase + u.hi]
         return self.gshard[u.base:u.base + u.shard]
 
@@ -219,7 +233,7 @@ class ShardEngine:
             self.comm.finish_reduce(tmp if tmp is not None else shard)
             if tmp is not None:
                 shard.add_(tmp)
-        if self.stage != 1:
+        if hasattr(self, "staging"):
             self._staging_work = [None] * len(self.staging)
 
     @torch.no_grad()
@@ -230,7 +244,7 @@ class ShardEngine:
 
     def _reduce(self, u: FlatUnit) -> None:
         comm = self.comm
-        if self.stage == 1:
+        if self.stage == 1 and not self.split_reduce:
             # in place: the averaged shard lands in our own slice of the full gradient buffer
             out = self.grad_shard(u)
             w = comm.reduce_scatter_async(out, self.gfull[u.fbase:u.fbase + u.padded], "avg")
@@ -241,9 +255,12 @@ class ShardEngine:
         if self._staging_work[k] is not None:  # peers may read this buffer until its reduce-scatter is done
             self._staging_work[k].wait()
         staging = self.staging[k][:u.padded]
-        u.pack(staging, [e.param.grad for e in u.entries])
+        if self.stage == 1:  # the full gradient buffer (it accumulates): cast into the reduce dtype, overwrite
+            u.pack(staging, [self.gviews[self.index[id(e.param)]] for e in u.entries])
+        else:
+            u.pack(staging, [e.param.grad for e in u.entries])
         out = self.grad_shard(u)
-        if self._fresh[u.index]:
+        if self._fresh[u.index] or self.stage == 1:
             w = comm.reduce_scatter_async(out, staging, "avg")
             self._fresh[u.index] = False
             self._works.append((w, None, out))
@@ -252,6 +269,8 @@ class ShardEngine:
             w = comm.reduce_scatter_async(tmp, staging, "avg")
             self._works.append((w, tmp, out))
         self._staging_work[k] = w
+        if self.stage == 1:
+            return
         for e in u.entries:
             e.param.grad = None
         if self.zero3 is not None:
@@ -265,14 +284,14 @@ class ShardEngine:
         return (used > 0).tolist()
 
     @torch.no_grad()
-    def after_step(self) -> None:
-        """The updated fp32 master shards into the compute copy (in the same pass as the cast under mixed
-        precision) and, stages 1/2, every rank's updated shards into every rank's full parameters."""
+    def after_step(self, cast: bool = True) -> None:
+        """The updated fp32 master shards into the compute copy (cast=False: the fused kernel already wrote it in
+        the step's pass) and, stages 1/2, every rank's updated shards into every rank's full parameters."""
         if self.stage == 3:
-            if self.low:
+            if self.low and cast:
                 self.lshard.copy_(self.pshard)
             return
-        if self.low:
+        if self.low and cast:
             for u in self.units:
                 self.flat[u.fbase + u.lo:u.fbase + u.hi].copy_(self.master[u.base:u.base + u.shard])
         self.comm.gather_shards_inplace(self.flat, [(u.fbase, u.shard) for u in self.units])
@@ -286,6 +305,8 @@ class ShardEngine:
                 self.gfull.zero_()
                 for e, v in zip(self.entries, self.gviews):
                     e.param.grad = v
+                if self.split_reduce:
+                    self.gshard.zero_()
             else:
                 self.gshard.zero_()
                 self._fresh = [True] * len(self.units)
@@ -298,6 +319,9 @@ class ShardEngine:
             if self.stage == 1:
                 self.gviews[i].zero_()
                 e.param.grad = self.gviews[i]
+                if self.split_reduce:
+                    a, b = u.shard_slice(e)
+                    self.grad_shard(u)[a:b].zero_()
             else:
                 a, b = u.shard_slice(e)
                 self.grad_shard(u)[a:b].zero_()

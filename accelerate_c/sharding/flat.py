@@ -11,6 +11,8 @@ from typing import Optional
 
 import torch
 
+from .pack import pack as _pack
+
 
 @dataclass
 class FlatEntry:
@@ -58,17 +60,10 @@ class FlatUnit:
         a = e.offset + e.lo - self.lo
         return a, a + e.piece_numel
 
-    @torch.no_grad()
     def pack(self, out: torch.Tensor, tensors: list[Optional[torch.Tensor]]) -> None:
-        """out[:padded] = the unit's tensors (one per entry, None = zeros) one after the other, padding zeroed."""
-        for e, t in zip(self.entries, tensors):
-            dst = out[e.offset:e.offset + e.numel]
-            if t is None:
-                dst.zero_()
-            else:
-                dst.copy_(t.reshape(-1))
-        if self.padded > self.numel:
-            out[self.numel:self.padded].zero_()
+        """out[:padded] = the unit's tensors (one per entry, None = zeros) one after the other, converted to out's
+        dtype, padding zeroed (one C pass: pack.py)."""
+        _pack(out[:self.padded], [e.offset for e in self.entries], tensors)
 
     def views(self, full: torch.Tensor) -> list[torch.Tensor]:
         """Each parameter's shaped view of a full unit buffer."""

@@ -26,12 +26,14 @@ class ShardedParams:
         self.of_piece: dict[int, int] = {}  # id(piece) -> entry index
         self._g32: Optional[torch.Tensor] = None  # mixed precision: the fp32 shard gradient, during the step only
         self._ready = False  # before_step ran for the coming step (its gradients are attached)
+        self.lp_offered = False  # low_precision_copies() handed the compute copy to this step's kernel
+        self.lp_written = False  # the fused kernel wrote the compute copy in this step's pass (no cast after it)
         for i, e in enumerate(engine.entries):
             u = engine.unit_of[i]
             a, b = u.shard_slice(e)
             piece = torch.nn.Parameter(engine.master_shard(u)[a:b], requires_grad=True)
-            grad = engine.grad_shard(u)[a:b]  # in the compute dtype: under mixed precision cast at the step
-            if not engine.low:
+            grad = engine.grad_shard(u)[a:b]  # in the reduce dtype: cast to fp32 at the step when it is not fp32
+            if not engine.low_grad:
                 piece.grad = grad
             self.pieces.append(piece)
             self.grads.append(grad)
@@ -70,7 +72,7 @@ class ShardedParams:
         engine = self.engine
         used = engine.global_used()
         grads = self.grads
-        if engine.low:  # the optimizer's gradients are fp32 like its parameters: cast the shard for the step
+        if engine.low_grad:  # the optimizer's gradients are fp32 like its parameters: cast the shard for the step
             self._g32 = g32 = torch.empty(engine.shard_numel, dtype=torch.float32, device=engine.comm.device)
             for u in engine.units:
                 g32[u.base:u.base + u.shard].copy_(engine.grad_shard(u))
@@ -82,21 +84,40 @@ class ShardedParams:
         for i, piece in enumerate(self.pieces):
             piece.grad = grads[i] if used[i] and piece.numel() else None
 
+    def low_precision_copies(self) -> dict:
+        """Mixed precision: {piece: its range of the compute copy}, for the fused kernel to write the updated
+        master into in the same pass (bitwise what after_step's cast writes); {} in fp32 or with
+        ACCELERATE_C_SHARD_KERNELS=0 (the separate cast is then the only path)."""
+        from .pack import kernels_enabled
+        engine = self.engine
+        self.lp_offered = engine.low and kernels_enabled()
+        if not self.lp_offered:
+            return {}
+        out = {}
+        for i, e in enumerate(engine.entries):
+            u = engine.unit_of[i]
+            a, b = u.shard_slice(e)
+            out[self.pieces[i]] = engine.compute_shard(u)[a:b]
+        return out
+
     def after_step(self) -> None:
-        """The updated shards into the parameters (engine.after_step); the step's fp32 gradient copy freed."""
+        """The updated shards into the parameters (engine.after_step: the cast skipped when the fused kernel wrote
+        the compute copy; a piece it did not step kept its master, so its copy is still the master's cast); the
+        step's fp32 gradient copy freed."""
         self._ready = False
         if self._g32 is not None:
             for piece in self.pieces:
                 piece.grad = None
             self._g32 = None
-        self.engine.after_step()
+        written, self.lp_written, self.lp_offered = self.lp_written, False, False
+        self.engine.after_step(cast=not written)
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         """Zero the shard gradients of this optimizer's parameters (only theirs)."""
         which = {self.of_piece[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in self.of_piece}
         self.engine.zero_grad(which)
         self.forget_attached()
-        if not self.engine.low:
+        if not self.engine.low_grad:
             for i in which:
                 self.pieces[i].grad = self.grads[i]
 

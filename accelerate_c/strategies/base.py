@@ -193,7 +193,13 @@ class Strategy:
         if fused_step is None:
             return False
         return fused_step(optimizer, grad_scale=grad_scale, skip_if_nonfinite=check_nonfinite,
-                          partition=self.step_partition(optimizer))
+                          partition=self.step_partition(optimizer),
+                          low_precision_copies=self.low_precision_copies(optimizer))
+
+    def low_precision_copies(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
+        """{fp32 parameter: bf16/fp16 tensor} the fused kernels write each updated parameter into in the same pass
+        (a compute copy the strategy would otherwise cast after the step); None: none."""
+        return None
 
     def step_partition(self, optimizer: torch.optim.Optimizer) -> Optional[Any]:
         """The kernels' partition for this optimizer when the step is split between processes (each steps its

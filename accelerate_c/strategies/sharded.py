@@ -220,6 +220,23 @@ class ShardedDataParallel(BucketedDataParallel):
             found.copy_(comm.all_reduce(found, "max", control=True, world=True))
         precision.unscale_(optimizer, agree=agree)
 
+    def low_precision_copies(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
+        """Mixed precision: the compute copy's ranges of this optimizer's pieces (ShardedParams)."""
+        if self.stage == 0:
+            return super().low_precision_copies(optimizer)
+        out = {}
+        for sp in self._sharded_for(optimizer):
+            out.update(sp.low_precision_copies())
+        return out or None
+
+    def kernel_step(self, optimizer: torch.optim.Optimizer, grad_scale: Optional[float],
+                    check_nonfinite: bool) -> Optional[bool]:
+        r = super().kernel_step(optimizer, grad_scale, check_nonfinite)
+        if r is not False and self.stage != 0:  # stepped (or skipped: nothing changed): no cast after it
+            for sp in self._sharded_for(optimizer):
+                sp.lp_written = sp.lp_offered
+        return r
+
     def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
         if self.stage == 0:
             return super().zero_grad(optimizer, set_to_none)
@@ -277,10 +294,11 @@ class ShardedDataParallel(BucketedDataParallel):
         full = engine.full_params()
         sd = engine.model.state_dict(keep_vars=True)
         byname = dict(engine.model.named_parameters(remove_duplicate=False))
+        from ..sharding.buffers import full_precision
         out = {}
         for k, v in sd.items():
             p = byname.get(k)
-            out[k] = full[id(p)] if p is not None and id(p) in full else v.detach()
+            out[k] = full[id(p)] if p is not None and id(p) in full else full_precision(engine.buffer_orig, v)
         if not unwrap and isinstance(model, DataParallelModule):
             out = {f"module.{k}": v for k, v in out.items()}
         return out

@@ -348,6 +348,19 @@ static int cast_chunk(void *ctx, size_t b, size_t e, int chunk) {
     return 0;
 }
 
+void acc_cast_span(const void *src, acc_dtype src_dtype, void *dst, acc_dtype dst_dtype, size_t n, int nt) {
+    static cast_ctx zero;
+    cast_ctx c = zero;
+    c.src = src;
+    c.dst = dst;
+    c.sd = src_dtype;
+    c.dd = dst_dtype;
+    c.scale = 1.0f;
+    c.nt = nt;
+    c.level = acc_simd_level_get();
+    if (n) (void)cast_chunk(&c, 0, n, 0);
+}
+
 /* A fresh output from torch.empty is untouched anonymous memory: writing it costs one page fault per 4 KiB,
  * which on the 2-core VM runs at ~1 GB/s, slower than the cast itself. With transparent huge pages in
  * "madvise" mode, MADV_HUGEPAGE on the 2 MiB-aligned interior of the output cuts that to one fault per

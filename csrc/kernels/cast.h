@@ -25,6 +25,12 @@
 acc_status acc_cast(const void *src, acc_dtype src_dtype, void *dst, acc_dtype dst_dtype, size_t n,
                     const float *scale, float *amax_out, int nthreads, void *stream);
 
+/* One span on the calling thread, no scale, no amax: dst[0..n) = src[0..n) converted exactly as acc_cast
+ * does (same bits, same NaN patterns) at the current SIMD level. For kernels that split their own work over
+ * threads (pack.c). Arguments are not checked: src F32/BF16/F16, dst F32/BF16/F16/E4M3/E5M2, no overlap.
+ * nt: streaming stores for the 64-byte-aligned part (the caller's sfence is not needed: the span issues one). */
+void acc_cast_span(const void *src, acc_dtype src_dtype, void *dst, acc_dtype dst_dtype, size_t n, int nt);
+
 /* Output bytes above which the cast uses non-temporal stores (the output would not stay in cache anyway,
  * and streaming stores skip the read-for-ownership of the destination). */
 #define ACC_CAST_NT_BYTES ((size_t)16 << 20)

@@ -8,6 +8,8 @@
 # rank, or every rank but 0, which holds the real model), seeded per rank with --seed_per_rank; the reference is
 # the eager model re-initialised by materialize.reinitialize from seed 1 (rank 0's seed). --track_alloc writes
 # alloc<r>.json: the peak bytes of tensor storages alive during prepare (alloc_track.py).
+#   --model bnmp: Linear/BatchNorm layers and nothing replicated (a model every parameter of which has a bf16 compute
+#                 copy: BatchNorm under mixed precision, --buffer_bf16)
 # With --emulate N on one process the same run is computed without communication: per-rank buffers follow DDP's
 # broadcast_buffers rule, gradients are the average over ranks, optimizer AdamW or SGD with momentum, clipping
 # torch's clip_grad_norm_. Output in --out: losses.json, weights.safetensors, optim.safetensors ("<param>/<key>"),
@@ -39,6 +41,9 @@ def build(kind: str) -> torch.nn.Module:
         return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
                                             tie_word_embeddings=True))
+    if kind == "bnmp":
+        L, B = torch.nn.Linear, torch.nn.BatchNorm1d
+        return torch.nn.Sequential(L(6, 16), B(16), torch.nn.ReLU(), L(16, 16), B(16), torch.nn.Tanh(), L(16, 1))
     from transformers import GPT2Config, GPT2LMHeadModel
     cfg = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
                      embd_pdrop=0.0, attn_pdrop=0.0)
@@ -49,7 +54,7 @@ def build(kind: str) -> torch.nn.Module:
 
 def batch(kind: str, step: int, global_batch: int) -> tuple:
     g = torch.Generator().manual_seed(100 + step)
-    if kind == "bn":
+    if kind in ("bn", "bnmp"):
         x = torch.randn(global_batch, 6, generator=g)
         return x, (x[:, :1] * 2 - x[:, 1:2]).tanh()
     if kind == "mlp":
@@ -62,7 +67,7 @@ def batch(kind: str, step: int, global_batch: int) -> tuple:
 def loss_of(kind: str, model: torch.nn.Module, xb: torch.Tensor, yb: torch.Tensor, micro: int) -> torch.Tensor:
     if kind == "bn":
         return torch.nn.functional.mse_loss(model(xb, use_aux=micro % 2 == 0), yb)
-    if kind == "mlp":
+    if kind in ("mlp", "bnmp"):
         return torch.nn.functional.mse_loss(model(xb), yb)
     return model(input_ids=xb, labels=yb).loss
 
@@ -150,6 +155,8 @@ def emulate(args: argparse.Namespace) -> None:
                 x = chunk(xb, r, n)
                 loss = loss_of(kind, copy, x.bfloat16() if x.is_floating_point() else x, chunk(yb, r, n), m)
                 (loss / (args.grad_accum * n)).backward()
+                if args.buffer_bf16:  # the buffers live in bf16 (FSDP1 buffer_dtype), per rank as DDP's
+                    per_rank[r] = {k: v.clone() for k, v in copy.named_buffers()}
                 for p, q in zip(model.parameters(), copy.parameters()):
                     if q.grad is not None:
                         p.grad = q.grad.float() if p.grad is None else p.grad + q.grad.float()
@@ -178,7 +185,17 @@ def distributed(args: argparse.Namespace) -> None:
         name = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}[args.stage]
         if args.hybrid:
             name = {2: "HYBRID_SHARD_ZERO2", 3: "HYBRID_SHARD"}[args.stage]
-        plugins = {"fsdp_plugin": FullyShardedDataParallelPlugin(sharding_strategy=name,
+        policy = None
+        if args.reduce_fp32:  # FSDP2's common mixed precision: bf16 compute, fp32 reduction
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if args.reduce_bf16:  # fp32 parameters, gradients reduced (and the shard gradient kept) in bf16
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+            policy = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
+        if args.buffer_bf16:  # FSDP1's MixedPrecision (a dict with buffer_dtype)
+            policy = {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32 if args.reduce_fp32 else
+                      torch.bfloat16, "buffer_dtype": torch.bfloat16}
+        plugins = {"fsdp_plugin": FullyShardedDataParallelPlugin(sharding_strategy=name, mixed_precision_policy=policy,
                                                                  cpu_ram_efficient_loading=args.construct_flag)}
     else:
         world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -203,6 +220,8 @@ def distributed(args: argparse.Namespace) -> None:
                                               # FSDP2's reshard_after_forward=False on FULL_SHARD (the FSDP face maps
                                               # a plugin's False to SHARD_GRAD_OP, as `accelerate to-fsdp2` does)
                                               reshard_after_forward=not args.no_reshard)
+    if args.reduce_fp32 and args.face == "ds":  # (no DeepSpeed key is mapped to it: the engine's config field)
+        acc.strategy.config = dataclasses.replace(acc.strategy.config, reduce_dtype=torch.float32)
     assert acc.strategy.name == "sharded" and acc.strategy.stage == args.stage, (acc.strategy.name, args.stage)
     n, r, kind = acc.num_processes, acc.process_index, args.model
     model = constructed_model(args, r) if args.meta else build(kind)
@@ -246,7 +265,9 @@ def distributed(args: argparse.Namespace) -> None:
     stats = {"bytes_per_step": per_step, "model_state_bytes": state_bytes,
              "padded": sum(u.padded for u in engine.units), "numel": sum(u.numel for u in engine.units),
              "max_unit_padded": max(u.padded for u in engine.units), "units": len(engine.units),
-             "world": n, "calls": engine.comm.calls}
+             "world": n, "calls": engine.comm.calls,
+             "buffer_dtypes": {k: str(b.dtype) for k, b in acc.unwrap_model(model).named_buffers()},
+             "reduce_dtype": str(engine.rdt)}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"stats{r}.json"), "w") as f:
         json.dump(stats, f)
@@ -294,7 +315,7 @@ def write(args: argparse.Namespace, losses: list, sd: dict, optim: dict) -> None
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--model", choices=("bn", "gpt2", "mlp", "llama"), default="bn")
+    p.add_argument("--model", choices=("bn", "gpt2", "mlp", "llama", "bnmp"), default="bn")
     p.add_argument("--stage", type=int, default=3)
     p.add_argument("--face", choices=("fsdp", "ds"), default="fsdp")
     p.add_argument("--wrap", choices=tuple(WRAPS), default="no")
@@ -305,6 +326,9 @@ def main() -> None:
     p.add_argument("--clip", type=float, default=0.0, help="accelerator.clip_grad_norm_ at each synced step")
     p.add_argument("--ds_clip", type=float, default=0.0, help="DeepSpeedPlugin(gradient_clipping=...)")
     p.add_argument("--bf16", action="store_true", help="param_dtype bf16: a bf16 compute copy, fp32 master shards")
+    p.add_argument("--reduce_fp32", action="store_true", help="with --bf16: reduce_dtype float32 (FSDP: the policy)")
+    p.add_argument("--reduce_bf16", action="store_true", help="fp32 parameters, reduce_dtype bf16 (FSDP face)")
+    p.add_argument("--buffer_bf16", action="store_true", help="with --bf16: FSDP1 MixedPrecision buffer_dtype bf16")
     p.add_argument("--two_opt", action="store_true", help="two optimizers over halves of the parameters")
     p.add_argument("--hybrid", action="store_true", help="FSDP HYBRID_SHARD(_ZERO2): shard in a host, replicate across")
     p.add_argument("--no_reshard", action="store_true", help="FSDP reshard_after_forward=False")

@@ -1,0 +1,45 @@
+# accelerate_c/sharding/pack.py: the engine's copy-in and the switch between its C paths and plain torch copies.
+# pack() fills a flat buffer with tensors at element offsets, converting to the buffer's dtype, zeroing the rest
+# (gaps, padding): one C call (csrc/kernels/pack.c, GIL released, threaded for big units) where every tensor is a
+# contiguous CPU float tensor, torch copies otherwise. ACCELERATE_C_SHARD_KERNELS=0 selects the torch copies
+# everywhere, and the separate master -> compute cast after the step (benchmarks/zero_step.py compares the two).
+# Not for: the layout (flat.py) or when buffers are packed (engine.py, zero3.py).
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import torch
+
+from .. import _C
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def kernels_enabled() -> bool:
+    """False when ACCELERATE_C_SHARD_KERNELS=0: the engine packs and casts with torch copies (the baseline)."""
+    return os.environ.get("ACCELERATE_C_SHARD_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _c_ok(out: torch.Tensor, tensors: Sequence[Optional[torch.Tensor]]) -> bool:
+    if out.device.type != "cpu" or out.dtype not in _FLOATS or not out.is_contiguous():
+        return False
+    return all(t is None or (t.device.type == "cpu" and t.dtype in _FLOATS and t.is_contiguous()) for t in tensors)
+
+
+@torch.no_grad()
+def pack(out: torch.Tensor, offsets: Sequence[int], tensors: Sequence[Optional[torch.Tensor]]) -> None:
+    """out (1-D) = each tensor (flattened; None = zeros) at its offset, in out's dtype; every other element 0.
+    Offsets increasing, pieces not overlapping and inside `out` (the C path checks; ValueError names the piece)."""
+    if kernels_enabled() and _c_ok(out, tensors):
+        _C.pack(out, tensors, offsets, torch.get_num_threads())
+        return
+    end = 0
+    for off, t in zip(offsets, tensors):
+        if off > end:
+            out[end:off].zero_()
+        if t is not None:
+            out[off:off + t.numel()].copy_(t.reshape(-1))
+            end = off + t.numel()
+    if out.numel() > end:
+        out[end:].zero_()

@@ -1,0 +1,101 @@
+# tests/test_sharded_shardc.py: the sharded engine's mixed-precision dtypes on real gloo processes against the
+# single-process loop (tests/scripts/sharded_train.py --emulate N; under bf16 the same bf16 compute copies, gradients
+# summed in fp32): reduce_dtype float32 under param_dtype bf16 (FSDP2's MixedPrecisionPolicy(param_dtype=bf16,
+# reduce_dtype=fp32); the DeepSpeed face through the config field) on stages 1-3; fp32 parameters reduced in bf16
+# (MixedPrecisionPolicy(reduce_dtype=bf16): the shard gradient kept in bf16, cast for the step); FSDP1's buffer_dtype
+# on a BatchNorm model (buffers live in bf16, the full state dict gives them back in fp32). Within the existing bf16
+# tolerances (2e-3; optimizer state 1e-3); the bytes counted per step show which dtype each collective moved (the
+# reduce-scatter in the reduce dtype, the all-gather in the compute dtype). And the C paths (pack kernel, fused step
+# writing the compute copy) against the torch copies + separate cast (ACCELERATE_C_SHARD_KERNELS=0) on the same
+# run: losses and weights bit for bit.
+# Not for: the kernels alone (tests/test_shard_kernels.py) or same-dtype runs (tests/test_sharded_engine.py).
+import json
+
+import pytest
+from safetensors.torch import load_file
+from test_sharded_engine import _assemble, _close, _reference
+
+CASES = [  # model, face, stage, nproc, extra args
+    ("mlp", "ds", 1, 2, ["--wrap", "size", "--bf16", "--reduce_fp32", "--grad_accum", "2"]),
+    ("mlp", "fsdp", 2, 2, ["--wrap", "size", "--bf16", "--reduce_fp32", "--grad_accum", "2", "--clip", "0.5"]),
+    ("mlp", "fsdp", 3, 3, ["--wrap", "size", "--bf16", "--reduce_fp32", "--grad_accum", "2"]),
+    ("mlp", "fsdp", 2, 2, ["--wrap", "size", "--reduce_bf16", "--grad_accum", "2"]),
+    ("bnmp", "fsdp", 2, 2, ["--bf16", "--buffer_bf16", "--reduce_fp32", "--optim", "sgd"]),
+    ("bnmp", "fsdp", 3, 2, ["--bf16", "--buffer_bf16", "--reduce_fp32", "--grad_accum", "2"]),
+]
+
+
+def _id(case: tuple) -> str:
+    flags = "".join(f"-{a[2:]}" for a in case[4] if a in ("--reduce_fp32", "--reduce_bf16", "--buffer_bf16"))
+    return f"{case[0]}-{case[1]}-z{case[2]}-n{case[3]}{flags}"
+
+
+def _args(model, nproc, extra):
+    return ["--model", model, "--global_batch", str(4 * nproc)] + extra
+
+
+@pytest.mark.parametrize("model,face,stage,nproc,extra", CASES, ids=[_id(c) for c in CASES])
+def test_mixed_dtypes_train_like_one_process(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra):
+    args = _args(model, nproc, extra)
+    ref = _reference(run, tmp_path_factory, args, nproc)
+    got = tmp_path / "got"
+    run("sharded_train.py", args + ["--face", face, "--stage", str(stage), "--out", str(got)], nproc=nproc,
+        launcher="accelerate_c", timeout=180)
+    reduce_fp32, reduce_bf16 = "--reduce_fp32" in extra, "--reduce_bf16" in extra
+    # the existing bf16 tolerances: the reference's per-rank gradients are of loss / (accumulation * ranks), rounded
+    # to bf16 before its fp32 sum, ours of loss / accumulation (averaged in the reduction)
+    tol, otol = 2e-3, 1e-3
+    la, lb = json.loads((ref / "losses.json").read_text()), json.loads((got / "losses.json").read_text())
+    assert len(la) == len(lb) > 0
+    for i, (x, y) in enumerate(zip(la, lb)):
+        assert abs(x - y) <= tol * max(1.0, abs(x)), f"step {i}: {x} vs {y}"
+    ref_w, got_w = load_file(str(ref / "weights.safetensors")), load_file(str(got / "weights.safetensors"))
+    _close(ref_w, got_w, tol, "weights")
+    shapes = {k: tuple(v.shape) for k, v in got_w.items()}
+    pieces, _ = _assemble(got, nproc, shapes)
+    _close(load_file(str(ref / "optim.safetensors")), {k: v for k, v in pieces.items() if "/" in k}, otol,
+           "optimizer state")
+    stats = [json.loads((got / f"stats{r}.json").read_text()) for r in range(nproc)]
+    for s in stats:
+        assert s["reduce_dtype"] == ("torch.float32" if reduce_fp32 else "torch.bfloat16"), s["reduce_dtype"]
+        psi = s["padded"]
+        ga = int(extra[extra.index("--grad_accum") + 1]) if "--grad_accum" in extra else 1
+        rs = (4 if reduce_fp32 else 2) * psi   # one reduce-scatter of every unit in the reduce dtype
+        ag = (4 if reduce_bf16 else 2) * psi   # one all-gather of the compute copy (fp32 under --reduce_bf16)
+        expected = {1: rs + ag, 2: ga * rs + ag, 3: ga * (rs + 2 * ag)}[stage]
+        assert s["bytes_per_step"] == [expected] * len(s["bytes_per_step"]), (s["bytes_per_step"], expected)
+    if "--buffer_bf16" in extra:
+        live = stats[0]["buffer_dtypes"]
+        assert {k: v for k, v in live.items() if "running" in k} and all(
+            v == "torch.bfloat16" for k, v in live.items() if "running" in k), live
+        assert all(v == "torch.int64" for k, v in live.items() if "num_batches" in k), live
+        for k, v in got_w.items():  # a full state dict holds the buffers in their original dtype, as FSDP1's
+            if "running" in k:
+                assert str(v.dtype) == "torch.float32", (k, v.dtype)
+
+
+@pytest.mark.parametrize("stage,extra", [(3, ["--wrap", "size", "--reduce_fp32", "--grad_accum", "2"]),
+                                         (1, ["--wrap", "size", "--optim", "sgd"])], ids=["z3-adamw", "z1-sgd"])
+def test_c_paths_equal_torch_copies_bitwise(run, tmp_path, stage, extra):
+    """The pack kernel and the fused step writing the compute copy against the torch copies and the separate
+    master -> compute cast: the same run bit for bit (losses follow the compute copy, weights the masters)."""
+    face = "ds" if stage == 1 else "fsdp"
+    outs = {}
+    for flag in ("1", "0"):
+        out = tmp_path / f"k{flag}"
+        run("sharded_train.py", _args("mlp", 2, ["--bf16"] + extra) + ["--face", face, "--stage", str(stage),
+                                                                       "--out", str(out)],
+            nproc=2, launcher="accelerate_c", timeout=180, env={"ACCELERATE_C_SHARD_KERNELS": flag})
+        outs[flag] = out
+    la, lb = (json.loads((outs[f] / "losses.json").read_text()) for f in ("1", "0"))
+    assert la == lb
+    wa, wb = (load_file(str(outs[f] / "weights.safetensors")) for f in ("1", "0"))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert wa[k].dtype == wb[k].dtype and wa[k].view(-1).view(torch_int(wa[k])).equal(
+            wb[k].view(-1).view(torch_int(wb[k]))), k
+
+
+def torch_int(t):
+    import torch
+    return {4: torch.int32, 2: torch.int16, 8: torch.int64, 1: torch.uint8}[t.element_size()]
