@@ -18,20 +18,8 @@ typedef struct {
     float grad_scale, lerp_coeff, beta2, one_m_beta2, decay, wd, bc2_sqrt, eps, neg_step_size;
 } adam_item;
 
-#define ACC_ISA 0
-#include "optim_ops.inc"
-#include "adam_body.inc"
-#undef ACC_ISA
-#ifdef ACC_OPTIM_X86
-#define ACC_ISA 1
-#include "optim_ops.inc"
-#include "adam_body.inc"
-#undef ACC_ISA
-#define ACC_ISA 2
-#include "optim_ops.inc"
-#include "adam_body.inc"
-#undef ACC_ISA
-#endif
+#define ACC_ISA_BODY "adam_body.inc"
+#include "isa_instances.inc"
 
 static void adam_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
     const adam_item *t = (const adam_item *)ctx + seg;

@@ -41,23 +41,9 @@ static inline float lb_update1(const acc_adam_scalars *c, float g, float *p, flo
     return pp;
 }
 
-#define ACC_ISA 0
-#include "optim_ops.inc"
-#include "lowbit_ops.inc"
-#include "adam_lowbit_body.inc"
-#undef ACC_ISA
-#ifdef ACC_OPTIM_X86
-#define ACC_ISA 1
-#include "optim_ops.inc"
-#include "lowbit_ops.inc"
-#include "adam_lowbit_body.inc"
-#undef ACC_ISA
-#define ACC_ISA 2
-#include "optim_ops.inc"
-#include "lowbit_ops.inc"
-#include "adam_lowbit_body.inc"
-#undef ACC_ISA
-#endif
+#define ACC_ISA_BODY "adam_lowbit_body.inc"
+#define ACC_ISA_LOWBIT
+#include "isa_instances.inc"
 
 static void q8_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
     const lowbit_item *t = ((const lowbit_item *const *)ctx)[seg];

@@ -55,23 +55,9 @@ typedef struct {
     int is_signed;
 } qconv;
 
-#define ACC_ISA 0
-#include "optim_ops.inc"
-#include "lowbit_ops.inc"
-#include "qconv_body.inc"
-#undef ACC_ISA
-#ifdef ACC_OPTIM_X86
-#define ACC_ISA 1
-#include "optim_ops.inc"
-#include "lowbit_ops.inc"
-#include "qconv_body.inc"
-#undef ACC_ISA
-#define ACC_ISA 2
-#include "optim_ops.inc"
-#include "lowbit_ops.inc"
-#include "qconv_body.inc"
-#undef ACC_ISA
-#endif
+#define ACC_ISA_BODY "qconv_body.inc"
+#define ACC_ISA_LOWBIT
+#include "isa_instances.inc"
 
 static void q_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
     const qconv *c = (const qconv *)ctx;

@@ -18,20 +18,8 @@ typedef struct {
     float grad_scale, wd, momentum, one_m_damp, neg_lr;
 } sgd_item;
 
-#define ACC_ISA 0
-#include "optim_ops.inc"
-#include "sgd_body.inc"
-#undef ACC_ISA
-#ifdef ACC_OPTIM_X86
-#define ACC_ISA 1
-#include "optim_ops.inc"
-#include "sgd_body.inc"
-#undef ACC_ISA
-#define ACC_ISA 2
-#include "optim_ops.inc"
-#include "sgd_body.inc"
-#undef ACC_ISA
-#endif
+#define ACC_ISA_BODY "sgd_body.inc"
+#include "isa_instances.inc"
 
 static void sgd_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
     const sgd_item *t = (const sgd_item *)ctx + seg;
