@@ -2,7 +2,9 @@
 # different numbers of steps end with the weights and buffers of torch DDP's Join rules, computed without any
 # communication by tests/scripts/join_train.py --emulate (rank 0 finishing first included: buffers then come from
 # the highest active rank); gradient accumulation and the host-split optimizer step (suspended for the context)
-# on the shared-memory path, and the reference path. Also the single-process no-op.
+# on the shared-memory path, and the reference path; a rank running out mid-accumulation (its micro-batches count in
+# the others' next step) and the prepared-DataLoader path where a rank syncs alone at its own last batch (deferred
+# to the others' next step: ddp_join.py SyncAgreement), with clipping and a scheduler. Also the single-process no-op.
 import json
 
 import pytest
@@ -10,13 +12,20 @@ import torch
 from safetensors.torch import load_file
 
 
-@pytest.mark.parametrize("steps,ga,grad_sync", [
-    ("3,5", 1, "bucketed"),
-    ("6,2,4", 2, "bucketed"),   # rank 0 done first, rank 1 earlier still
-    ("4,6", 2, "reference"),
+@pytest.mark.parametrize("steps,ga,grad_sync,extra", [
+    pytest.param("3,5", 1, "bucketed", [], id="2ranks"),
+    pytest.param("6,2,4", 2, "bucketed", [], id="3ranks-accum"),   # rank 0 done first, rank 1 earlier still
+    pytest.param("4,6", 2, "reference", [], id="accum-reference"),
+    # a rank runs out mid-accumulation: its last micro-batches count in the others' next step
+    pytest.param("3,6", 2, "bucketed", [], id="midaccum"),
+    # the prepared DataLoader (even_batches=False): HF's accumulate syncs at a rank's own last batch, a count that is
+    # not a multiple of grad_accum, while the others still accumulate (the lone sync is deferred: SyncAgreement)
+    pytest.param("4,3", 2, "bucketed", ["--loader"], id="loader-lonesync"),
+    pytest.param("4,4,3", 2, "reference", ["--loader"], id="loader-3ranks-lonesync-reference"),
+    pytest.param("5,4", 3, "bucketed", ["--loader", "--clip", "0.3", "--sched"], id="loader-lonesync-clip-sched"),
 ])
-def test_uneven_inputs_join_like_torch_ddp(tmp_path, run, steps, ga, grad_sync):
-    args = ["--steps_per_rank", steps, "--grad_accum", str(ga)]
+def test_uneven_inputs_join_like_torch_ddp(tmp_path, run, steps, ga, grad_sync, extra):
+    args = ["--steps_per_rank", steps, "--grad_accum", str(ga)] + extra
     run("join_train.py", args + ["--emulate", "--out", str(tmp_path / "ref")], nproc=1)
     nproc = len(steps.split(","))
     run("join_train.py", args + ["--out", str(tmp_path / "got")], nproc=nproc, launcher="accelerate_c",

@@ -175,11 +175,12 @@ class BucketedGradSync:
         self.wait()
 
     def shadow(self) -> None:
-        """The collectives of a synced backward with zero gradients (a rank out of inputs, ddp_join.py): every
-        bucket and the used mask, in the order the active ranks issue them."""
+        """The collectives of a synced backward on a rank out of inputs (ddp_join.py): every bucket and the used
+        mask, in the order the active ranks issue them, with the gradients it holds (zeros after its last
+        zero_grad; its last micro-batches when its own sync was deferred), then dropped: they count in one step."""
+        self._end_of_backward()
         for p in self.params:
             p.grad = None
-        self._end_of_backward()
 
     def reset_pass(self) -> None:
         """Before a backward: a pass that raised midway never ran its final callback; finish what it launched
@@ -380,7 +381,7 @@ class BucketedDataParallel(DataParallel):
         for opt, shard in self._opt_shards.values():
             shard.suspend(opt)
 
-    def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
+    def _zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
         params = [p for g in optimizer.param_groups for p in g["params"]]
         return any(s.zero_grad(params, set_to_none) for s in self._syncs)
 

@@ -75,7 +75,6 @@ class ShardedDataParallel(BucketedDataParallel):
         self._mark = 0
         self.bytes_last_step = 0         # model bytes moved by the collectives of the last step (counted)
         self.step_seconds: dict[str, float] = {}  # the last step: the optimizer on the shard, the all-gather after
-        self._join: Optional[Any] = None  # the ShardedJoin while inside join_uneven_inputs (sharding/join.py)
         self._join_optims: list = []      # prepared optimizers, in order (a join names them by index)
 
     @property
@@ -185,18 +184,16 @@ class ShardedDataParallel(BucketedDataParallel):
             e.reset_pass()
         super().backward(loss, **kwargs)
 
-    def step(self, optimizer: torch.optim.Optimizer, precision: Any, closure: Optional[Callable] = None) -> bool:
+    def _step(self, optimizer: torch.optim.Optimizer, precision: Any, closure: Optional[Callable] = None) -> bool:
         if self.stage == 0:
-            return super().step(optimizer, precision, closure)
-        if self._join is not None and self._join.before_step(optimizer, precision):
-            return False  # join: this rank's sync was deferred, its gradients go into the others' next step
+            return super()._step(optimizer, precision, closure)
         mine = self._sharded_for(optimizer)
         if self.config.gradient_clipping:  # DeepSpeed's, on the shard gradients
             self.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], self.config.gradient_clipping)
         for sp in mine:
             sp.before_step()
         t0 = time.perf_counter()
-        skipped = super().step(optimizer, precision, closure)
+        skipped = super()._step(optimizer, precision, closure)
         t1 = time.perf_counter()
         for sp in mine:
             sp.after_step()
@@ -206,11 +203,9 @@ class ShardedDataParallel(BucketedDataParallel):
             self.bytes_last_step, self._mark = total - self._mark, total
         return skipped
 
-    def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
+    def _zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
         if self.stage == 0:
-            return super().zero_grad(optimizer, set_to_none)
-        if self._join is not None and self._join.before_zero_grad(optimizer, set_to_none):
-            return True
+            return super()._zero_grad(optimizer, set_to_none)
         mine = self._sharded_for(optimizer)
         for sp in mine:
             sp.zero_grad(optimizer)
@@ -226,11 +221,9 @@ class ShardedDataParallel(BucketedDataParallel):
                         p.grad.zero_()
         return True
 
-    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def _clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         if self.stage == 0 or not self.sharded:
-            return super().clip_grad_norm_(parameters, max_norm, norm_type)
-        if self._join is not None and self._join.before_clip(max_norm, norm_type):
-            return torch.tensor(float("nan"))  # join: a deferred sync; clipped with the others' next step
+            return super()._clip_grad_norm_(parameters, max_norm, norm_type)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         if len(self.sharded) > 1:
             raise NotImplementedError("clip_grad_norm_ with several sharded models prepared")
