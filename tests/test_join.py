@@ -2,9 +2,11 @@
 # different numbers of steps end with the weights and buffers of torch DDP's Join rules, computed without any
 # communication by tests/scripts/join_train.py --emulate (rank 0 finishing first included: buffers then come from
 # the highest active rank); gradient accumulation and the host-split optimizer step (suspended for the context)
-# on the shared-memory path, and the reference path; a rank running out mid-accumulation (its micro-batches count in
-# the others' next step) and the prepared-DataLoader path where a rank syncs alone at its own last batch (deferred
-# to the others' next step: ddp_join.py SyncAgreement), with clipping and a scheduler. Also the single-process no-op.
+# on the shared-memory path, and the reference path; a rank running out mid-accumulation (its unsynced micro-batches
+# dropped, as torch's joined rank contributes zeros: join_train.py --drop_unsynced; HF 1.15 + torch DDP's Join gives
+# those weights) and the prepared-DataLoader path where a rank wants to sync alone at its own last batch (torch DDP's
+# Join fails there with a mismatched collective; here the sync is deferred to the others' next step and those
+# micro-batches count: ddp_join.py SyncAgreement), with clipping and a scheduler. Also the single-process no-op.
 import json
 
 import pytest
@@ -16,7 +18,7 @@ from safetensors.torch import load_file
     pytest.param("3,5", 1, "bucketed", [], id="2ranks"),
     pytest.param("6,2,4", 2, "bucketed", [], id="3ranks-accum"),   # rank 0 done first, rank 1 earlier still
     pytest.param("4,6", 2, "reference", [], id="accum-reference"),
-    # a rank runs out mid-accumulation: its last micro-batches count in the others' next step
+    # a rank runs out mid-accumulation: its unsynced micro-batch is dropped (torch DDP's joined rank: zeros)
     pytest.param("3,6", 2, "bucketed", [], id="midaccum"),
     # the prepared DataLoader (even_batches=False): HF's accumulate syncs at a rank's own last batch, a count that is
     # not a multiple of grad_accum, while the others still accumulate (the lone sync is deferred: SyncAgreement)
@@ -26,7 +28,7 @@ from safetensors.torch import load_file
 ])
 def test_uneven_inputs_join_like_torch_ddp(tmp_path, run, steps, ga, grad_sync, extra):
     args = ["--steps_per_rank", steps, "--grad_accum", str(ga)] + extra
-    run("join_train.py", args + ["--emulate", "--out", str(tmp_path / "ref")], nproc=1)
+    run("join_train.py", args + ["--emulate", "--drop_unsynced", "--out", str(tmp_path / "ref")], nproc=1)
     nproc = len(steps.split(","))
     run("join_train.py", args + ["--out", str(tmp_path / "got")], nproc=nproc, launcher="accelerate_c",
         env={"ACCELERATE_C_GRAD_SYNC": grad_sync})

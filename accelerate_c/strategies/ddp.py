@@ -51,12 +51,13 @@ class DataParallelModule(torch.nn.Module):
             with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(tuple(buffers)):
                 self._buffer_sync(buffers, src)
 
-    def _shadow_forward(self, src: int, sync: bool) -> None:
-        """A rank out of inputs mirrors an active rank's forward (and backward when it syncs): ddp_join.py."""
+    def _shadow_forward(self, src: int, sync: bool, keep: bool = False) -> None:
+        """A rank out of inputs mirrors an active rank's forward (and backward when it syncs): ddp_join.py. keep: its
+        gradients take part in that sync (its own was deferred), zeros otherwise."""
         self._sync_buffers(src)
         self._sync_buffers_next = sync
         if sync:
-            self._grad_sync.shadow()
+            self._grad_sync.shadow(keep)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -138,10 +139,12 @@ class GradSync:
         """Before a backward: forget a pass that raised midway (its end-of-pass callback never ran)."""
         self._queued = False
 
-    def shadow(self) -> None:
-        """The collectives of a synced backward on a rank out of inputs (ddp_join.py): it contributes the gradients
-        it holds (zeros after its last zero_grad; its last micro-batches when its own sync was deferred), then drops
-        them, so they count in one step only."""
+    def shadow(self, keep: bool = False) -> None:
+        """The collectives of a synced backward on a rank out of inputs (ddp_join.py), with zero gradients, or with
+        the ones it holds when `keep` (its own sync was deferred); they are dropped after, so count once."""
+        if not keep:
+            for p in self.params:
+                p.grad = None
         self.sync_now()
         for p in self.params:
             p.grad = None

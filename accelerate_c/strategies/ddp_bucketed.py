@@ -174,10 +174,13 @@ class BucketedGradSync:
         self.counter.reset()
         self.wait()
 
-    def shadow(self) -> None:
+    def shadow(self, keep: bool = False) -> None:
         """The collectives of a synced backward on a rank out of inputs (ddp_join.py): every bucket and the used
-        mask, in the order the active ranks issue them, with the gradients it holds (zeros after its last
-        zero_grad; its last micro-batches when its own sync was deferred), then dropped: they count in one step."""
+        mask, in the order the active ranks issue them, with zero gradients, or with the ones it holds when `keep`
+        (its own sync was deferred); they are dropped after, so count once."""
+        if not keep:
+            for p in self.params:
+                p.grad = None
         self._end_of_backward()
         for p in self.params:
             p.grad = None

@@ -3,8 +3,9 @@
 # forward of a prepared model first all-reduces a vector [one-hot "I am active" per rank, SyncAgreement's fields];
 # a rank whose loop has ended waits in `shadow()` at the context's exit, all-reducing zeros and mirroring what the
 # active ranks do: the buffer broadcast (from the highest active rank, rank 0 may be done) and, when they sync, the
-# gradient all-reduces with the gradients it holds (none after its last step: zeros, so averages divide by the
-# initial world size, as torch's default; a sync it deferred: its last micro-batches join the others' step).
+# gradient all-reduces with zero gradients (so averages divide by the initial world size, as torch's default;
+# micro-batches a rank accumulated unsynced before it ran out are dropped, as torch's joined rank does), except
+# once after its own sync was deferred (SyncAgreement): then its last micro-batches count in the others' next step.
 # When every rank is done, parameters and buffers are broadcast from the last rank to finish (the one holding the
 # most steps), as torch's Join post-hook does. The host-split optimizer step is suspended for the context (its
 # barriers would wait for ranks that no longer step); afterwards every rank steps whole with its own state, as in
@@ -126,6 +127,8 @@ class JoinProtocol:
     def shadow(self) -> bool:
         """A rank out of inputs: mirror the active ranks' collectives until every rank is out. True when no rank was
         still active at this rank's first check (it is one of the last to finish)."""
+        # the first sync mirrored takes this rank's gradients when its own last sync was deferred (they count once)
+        held = set(range(len(self.models))) if self.agreement.deferred is not None else set()
         self.agreement.end()
         last = True
         while True:
@@ -138,7 +141,10 @@ class JoinProtocol:
                     raise RuntimeError("join_uneven_inputs: the ranks still training did not run a forward of every "
                                        f"joined model in each iteration (model {k} of {len(self.models)} got none)")
                 last = False
-                model._shadow_forward(max(active), SyncAgreement.agreed(v[self.world:]))
+                sync = SyncAgreement.agreed(v[self.world:])
+                model._shadow_forward(max(active), sync, keep=k in held)
+                if sync:
+                    held.discard(k)
 
     def close(self) -> None:
         self.agreement.end()
