@@ -6,7 +6,8 @@
 # dropped, as torch's joined rank contributes zeros: join_train.py --drop_unsynced; HF 1.15 + torch DDP's Join gives
 # those weights) and the prepared-DataLoader path where a rank wants to sync alone at its own last batch (torch DDP's
 # Join fails there with a mismatched collective; here the sync is deferred to the others' next step and those
-# micro-batches count: ddp_join.py SyncAgreement), with clipping and a scheduler. Also the single-process no-op.
+# micro-batches count: ddp_join.py SyncAgreement), with clipping and a scheduler. Mid-accumulation runs are also
+# checked against HF Accelerate itself on torch DDP's Join (join_train.py --hf). Also the single-process no-op.
 import json
 
 import pytest
@@ -41,6 +42,21 @@ def test_uneven_inputs_join_like_torch_ddp(tmp_path, run, steps, ga, grad_sync, 
         lb = json.loads((tmp_path / "got" / f"losses{r}.json").read_text())
         assert len(la) == len(lb) == int(steps.split(",")[r])
         assert all(abs(x - y) <= 1e-5 * max(1.0, abs(x)) for x, y in zip(la, lb)), (r, la, lb)
+
+
+@pytest.mark.parametrize("steps", ["3,6", "5,2,3"], ids=["2ranks", "3ranks"])
+def test_midaccumulation_join_matches_hf_on_torch_ddp(tmp_path, run, steps):
+    """Ranks running out mid-accumulation (no DataLoader): the weights HF Accelerate 1.15 gets from torch DDP's Join
+    on the same loop (their unsynced micro-batches are dropped)."""
+    args = ["--steps_per_rank", steps, "--grad_accum", "2"]
+    nproc = len(steps.split(","))
+    run("join_train.py", args + ["--hf", "--out", str(tmp_path / "hf")], nproc=nproc, launcher="torchrun")
+    run("join_train.py", args + ["--out", str(tmp_path / "got")], nproc=nproc, launcher="accelerate_c")
+    for r in range(nproc):
+        a, b = load_file(str(tmp_path / "hf" / f"state{r}.safetensors")), load_file(str(tmp_path / "got" / f"state{r}.safetensors"))
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.allclose(a[k].double(), b[k].double(), atol=1e-5, rtol=0), (r, k, (a[k] - b[k]).abs().max())
 
 
 def test_single_process_join_is_a_no_op():

@@ -14,6 +14,7 @@
 # every rank still training syncs (a rank that syncs alone mid-accumulation keeps its gradients for the next one),
 # gradients a rank accumulated before it ran out are counted in the next step, and the rank out of inputs keeps
 # stepping the model with the others (its shard must stay current), so every rank ends with the same weights.
+# --hf runs the same loop under HF Accelerate (torch DDP, torch's Join; launch with torchrun).
 # --drop_unsynced gives our stage-0 DDP join's (torch DDP's) rule instead: a rank that runs out mid-accumulation
 # has the micro-batches it accumulated unsynced dropped, unless its last batch wanted a sync the others deferred.
 import argparse
@@ -126,7 +127,10 @@ def loader_dataset(steps: list) -> torch.utils.data.TensorDataset:
 
 
 def distributed(steps: list, ga: int, out: str, args: argparse.Namespace) -> None:
-    from accelerate_c import Accelerator
+    if args.hf:  # HF Accelerate itself, on torch DDP + torch's Join
+        from accelerate import Accelerator
+    else:
+        from accelerate_c import Accelerator
     acc = Accelerator(cpu=True, gradient_accumulation_steps=ga, **plugins(args, ga, len(steps)))
     r = acc.process_index
     assert acc.num_processes == len(steps)
@@ -147,6 +151,11 @@ def distributed(steps: list, ga: int, out: str, args: argparse.Namespace) -> Non
         objs.append(build())
     model, opt, *rest = acc.prepare(*objs)
     joinables = [model, opt] + ([rest.pop()] if args.second_model else [])
+    if args.hf:
+        # HF enters torch's Join on GPUs only (multi_device); opened for this CPU run (gloo runs torch's Join), after
+        # prepare, which reads it too. torch's Join takes only Joinables: the DDP model.
+        type(acc).multi_device = property(lambda self: self.use_distributed)
+        joinables = [model]
     sched = rest[0] if args.sched else None
     batches = rest[-1] if args.loader else (data(t, r) for t in range(steps[r]))
     losses = []
@@ -195,6 +204,7 @@ def main() -> None:
     p.add_argument("--sched", action="store_true", help="a LambdaLR scheduler stepped after each step")
     p.add_argument("--loader", action="store_true", help="a prepared DataLoader (even_batches=False)")
     p.add_argument("--second_model", action="store_true", help="join a second prepared model too")
+    p.add_argument("--hf", action="store_true", help="run HF Accelerate (torch DDP and torch's Join) instead")
     p.add_argument("--drop_unsynced", action="store_true", help="--emulate with torch DDP's rule (stage 0): a rank "
                    "that runs out mid-accumulation has its unsynced micro-batches dropped (a deferred lone sync "
                    "at its last batch still counts)")
