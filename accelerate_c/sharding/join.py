@@ -22,10 +22,8 @@
 # and takes the buffers (and replicated parameters) of the highest rank among the last to finish; the sharded
 # parameters are the same on every rank already. Averages divide by the initial world size (torch DDP's
 # divide_by_initial_world_size default, what our DDP join does).
-# Training ranks that disagree on whether a forward syncs (HF syncs at each rank's own end of dataloader, so the
-# rank that finishes mid-accumulation syncs alone) all run it unsynced: the rank that wanted to sync keeps its
-# gradients accumulated, and its optimizer step and zero_grad of that iteration do nothing; its gradients join the
-# next step the others take.
+# Whether a forward syncs is agreed as at stage 0 (strategies/ddp_join.py SyncAgreement, the one owner of the rule:
+# a rank that alone wants to sync, as HF's accumulate at its own last batch, runs the iteration as accumulation).
 # Not for: the engine's buffers and hooks (engine.py, zero3.py) or stage 0 (strategies/ddp_join.py).
 from __future__ import annotations
 
@@ -35,6 +33,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from ..strategies.ddp_join import NFIELDS as NAGREE, SyncAgreement
 from .zero3 import _tensors
 
 FWD, BWD, CLIP, STEP, ZERO, LAST, UNSC = 1, 2, 3, 4, 5, 6, 7
@@ -85,8 +84,7 @@ class ShardedJoin:
         self.size = self.world + 1 + NFIELDS + max([len(k) for k in self.hkeys] + [0])
         self.shadowing = False
         self.buf_next = bool(model._sync_buffers_next)  # DDP's buffer rule on the agreed sync of the last forward
-        self.deferred: Optional[str] = None   # "backward": a sync turned into accumulation; "stepped": step skipped
-        self._saved_enabled = True
+        self.agreement = SyncAgreement()
         self.precision: Optional[Any] = None
         self.last_input: Optional[tuple] = None
         self.pending: list[torch.Tensor] = []    # stage 3 shadow: outputs of replayed forwards awaiting a backward
@@ -99,7 +97,7 @@ class ShardedJoin:
         for h in self._handles:
             h.remove()
         self.engine.__dict__.pop("begin_pass", None)
-        self._end_deferral()
+        self.agreement.end()
         self.model._sync_buffers_next = self.buf_next
 
     # -- messages --------------------------------------------------------------------------------------------------
@@ -127,31 +125,19 @@ class ShardedJoin:
         if not self.shadowing:
             self.last_input = (args, kwargs)
 
-    def notify(self, model: Any, sync: bool) -> int:
+    def notify(self, model: Any) -> int:
         """A training rank's forward (DataParallelModule.forward): announce it, agree on whether it syncs; returns
         the rank buffers come from (the highest training rank, as DDP's join)."""
-        self._end_deferral()
-        grad = torch.is_grad_enabled()
-        v = self._exchange(FWD, [grad, not grad, grad and not sync])
+        sync = self.agreement.wish(self.switch)
+        v = self._exchange(FWD, SyncAgreement.fields(sync))
         agreed = self._agree(v)
-        if sync and not agreed:  # others still accumulate: this rank's sync waits for theirs
-            self.deferred, self._saved_enabled = "backward", self.switch.enabled
-            self.switch.enabled = False
+        self.agreement.settle(self.switch, sync, agreed)
         model._sync_buffers_next = self.buf_next
         self.buf_next = agreed
         return max(self._active(v))
 
     def _agree(self, v: torch.Tensor) -> bool:
-        grad, nograd, nosync = (self._field(v, k) > 0 for k in range(3))
-        if grad and nograd:
-            raise RuntimeError("join_uneven_inputs: the ranks still training ran a forward of the model with "
-                               "gradients enabled on some ranks and disabled on others")
-        return grad and not nosync
-
-    def _end_deferral(self) -> None:
-        if self.deferred == "backward":
-            self.switch.enabled = self._saved_enabled
-        self.deferred = None
+        return SyncAgreement.agreed(v[self.world + 1:self.world + 1 + NAGREE])
 
     def _announce_backward(self) -> None:
         if not self.engine._in_pass and not self.shadowing:
@@ -162,7 +148,7 @@ class ShardedJoin:
         """True: skip (a deferred sync: the gradients are clipped with the others' next step)."""
         if self.shadowing:
             return False
-        if self.deferred is not None:
+        if self.agreement.skip_clip():
             return True
         if self.in_step:  # DeepSpeed's gradient_clipping inside a step: the STEP announced it
             return False
@@ -174,9 +160,7 @@ class ShardedJoin:
         self.precision = precision
         if self.shadowing:
             return False
-        if self.deferred is not None:
-            self._end_deferral()
-            self.deferred = "stepped"
+        if self.agreement.skip_step():
             return True
         i = self._index(optimizer)
         self._exchange(STEP, [i, 0, 0, 0] + self._hyper(i))
@@ -197,7 +181,7 @@ class ShardedJoin:
         """True: skip (the step of this iteration was deferred, so are its gradients)."""
         if self.shadowing:
             return False
-        if self.deferred is not None:
+        if self.agreement.skip_zero_grad():
             return True
         self._exchange(ZERO, [self._index(optimizer), set_to_none])
         return False
@@ -217,7 +201,7 @@ class ShardedJoin:
     def shadow(self) -> bool:
         """Mirror the training ranks' collectives until none is left. True when no rank was training at this rank's
         first check (it is one of the last to finish)."""
-        self._end_deferral()
+        self.agreement.end()
         self.shadowing = True
         last = True
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -34,8 +34,8 @@ class DataParallelModule(torch.nn.Module):
         self._join: Optional[Any] = None  # the JoinProtocol while inside join_uneven_inputs
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        src = self._join.notify(self) if self._join is not None else 0  # may switch a lone sync off (ddp_join.py)
         sync = torch.is_grad_enabled() and self._grad_sync.enabled
-        src = self._join.notify(self, sync) if self._join is not None else 0
         self._sync_buffers(src)
         out = self.module(*args, **kwargs)
         self._sync_buffers_next = sync
@@ -51,12 +51,13 @@ class DataParallelModule(torch.nn.Module):
             with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(tuple(buffers)):
                 self._buffer_sync(buffers, src)
 
-    def _shadow_forward(self, src: int, sync: bool) -> None:
-        """A rank out of inputs mirrors an active rank's forward (and backward when it syncs): ddp_join.py."""
+    def _shadow_forward(self, src: int, sync: bool, keep: bool = False) -> None:
+        """A rank out of inputs mirrors an active rank's forward (and backward when it syncs): ddp_join.py. keep: its
+        gradients take part in that sync (its own was deferred), zeros otherwise."""
         self._sync_buffers(src)
         self._sync_buffers_next = sync
         if sync:
-            self._grad_sync.shadow()
+            self._grad_sync.shadow(keep)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -138,11 +139,15 @@ class GradSync:
         """Before a backward: forget a pass that raised midway (its end-of-pass callback never ran)."""
         self._queued = False
 
-    def shadow(self) -> None:
-        """The collectives of a synced backward with zero gradients (a rank out of inputs, ddp_join.py)."""
+    def shadow(self, keep: bool = False) -> None:
+        """The collectives of a synced backward on a rank out of inputs (ddp_join.py), with zero gradients, or with
+        the ones it holds when `keep` (its own sync was deferred); they are dropped after, so count once."""
+        if not keep:
+            for p in self.params:
+                p.grad = None
+        self.sync_now()
         for p in self.params:
             p.grad = None
-        self.sync_now()
 
     @torch.no_grad()
     def sync_now(self) -> None:
@@ -238,6 +243,7 @@ class DataParallel(Strategy):
         super().__init__(ctx, config)
         self.group: Optional[Any] = None
         self._syncs: list[GradSync] = []
+        self._join: Optional[Any] = None  # the join (ddp_join.py, sharding/join.py) inside join_uneven_inputs
 
     def make_sync(self, params: list[torch.nn.Parameter]) -> GradSync:
         return GradSync(params, self.group, self.state.num_processes, compress=self.config.compress_dtype)
@@ -259,6 +265,32 @@ class DataParallel(Strategy):
         sync = self.make_sync(params)
         self._syncs.append(sync)
         return DataParallelModule(model, sync, self.broadcast if self.config.broadcast_buffers else None)
+
+    # The join asks first (a rank whose lone sync was deferred skips them: ddp_join.py SyncAgreement); subclasses
+    # override the underscored methods.
+    def step(self, optimizer: torch.optim.Optimizer, precision: Any, closure: Optional[Callable] = None) -> bool:
+        if self._join is not None and self._join.before_step(optimizer, precision):
+            return True  # skipped: the scheduler holds, as for an overflowed step
+        return self._step(optimizer, precision, closure)
+
+    def _step(self, optimizer: torch.optim.Optimizer, precision: Any, closure: Optional[Callable] = None) -> bool:
+        return super().step(optimizer, precision, closure)
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
+        if self._join is not None and self._join.before_zero_grad(optimizer, set_to_none):
+            return True  # the deferred gradients stay
+        return self._zero_grad(optimizer, set_to_none)
+
+    def _zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
+        return super().zero_grad(optimizer, set_to_none)
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        if self._join is not None and self._join.before_clip(max_norm, norm_type):
+            return torch.tensor(float("nan"))  # clipped with the others' next step
+        return self._clip_grad_norm_(parameters, max_norm, norm_type)
+
+    def _clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        return super().clip_grad_norm_(parameters, max_norm, norm_type)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         for s in self._syncs:
@@ -285,6 +317,7 @@ class DataParallel(Strategy):
         from .ddp_join import JoinProtocol
         join = JoinProtocol(self, models)
         self.suspend_split_step()
+        self._join = join
         for m in models:
             m._join = join
         try:
@@ -293,8 +326,10 @@ class DataParallel(Strategy):
                 m._join = None
             join.finish(join.shadow())
         finally:
+            self._join = None
             for m in models:
                 m._join = None
+            join.close()
 
     def suspend_split_step(self) -> None:
         """Optimizer steps stop depending on every rank stepping together (none here; the bucketed strategy's

@@ -174,12 +174,16 @@ class BucketedGradSync:
         self.counter.reset()
         self.wait()
 
-    def shadow(self) -> None:
-        """The collectives of a synced backward with zero gradients (a rank out of inputs, ddp_join.py): every
-        bucket and the used mask, in the order the active ranks issue them."""
+    def shadow(self, keep: bool = False) -> None:
+        """The collectives of a synced backward on a rank out of inputs (ddp_join.py): every bucket and the used
+        mask, in the order the active ranks issue them, with zero gradients, or with the ones it holds when `keep`
+        (its own sync was deferred); they are dropped after, so count once."""
+        if not keep:
+            for p in self.params:
+                p.grad = None
+        self._end_of_backward()
         for p in self.params:
             p.grad = None
-        self._end_of_backward()
 
     def reset_pass(self) -> None:
         """Before a backward: a pass that raised midway never ran its final callback; finish what it launched
@@ -380,7 +384,7 @@ class BucketedDataParallel(DataParallel):
         for opt, shard in self._opt_shards.values():
             shard.suspend(opt)
 
-    def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
+    def _zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
         params = [p for g in optimizer.param_groups for p in g["params"]]
         return any(s.zero_grad(params, set_to_none) for s in self._syncs)
 

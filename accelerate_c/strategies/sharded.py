@@ -75,7 +75,6 @@ class ShardedDataParallel(BucketedDataParallel):
         self._mark = 0
         self.bytes_last_step = 0         # model bytes moved by the collectives of the last step (counted)
         self.step_seconds: dict[str, float] = {}  # the last step: the optimizer on the shard, the all-gather after
-        self._join: Optional[Any] = None  # the ShardedJoin while inside join_uneven_inputs (sharding/join.py)
         self.last_precision: Optional[Any] = None  # the Accelerator's precision, as last passed (join's shadow)
         self._join_optims: list = []      # prepared optimizers, in order (a join names them by index)
 
@@ -177,23 +176,21 @@ class ShardedDataParallel(BucketedDataParallel):
             sp.forget_attached()
         super().backward(loss, **kwargs)
 
-    def step(self, optimizer: torch.optim.Optimizer, precision: Any, closure: Optional[Callable] = None) -> bool:
+    def _step(self, optimizer: torch.optim.Optimizer, precision: Any, closure: Optional[Callable] = None) -> bool:
         if self.stage == 0:
-            return super().step(optimizer, precision, closure)
+            return super()._step(optimizer, precision, closure)
         self.last_precision = precision
-        if self._join is not None and self._join.before_step(optimizer, precision):
-            return False  # join: this rank's sync was deferred, its gradients go into the others' next step
         mine = self._sharded_for(optimizer)
         try:
             # the pieces get their gradients; under loss scaling unscaled, the overflow decision agreed by every
             # rank (the base step then applies DeepSpeed's gradient_clipping and steps, or skips, on every rank)
             self.unscale_(optimizer, precision)
             t0 = time.perf_counter()
-            skipped = super().step(optimizer, precision, closure)
+            skipped = super()._step(optimizer, precision, closure)
             t1 = time.perf_counter()
         finally:
             if self._join is not None:
-                self._join.in_step = False
+                self._join.in_step = False  # the step the join announced is over
         for sp in mine:
             sp.after_step()
         self.step_seconds = {"optimizer": t1 - t0, "gather": time.perf_counter() - t1}
@@ -237,11 +234,9 @@ class ShardedDataParallel(BucketedDataParallel):
                 sp.lp_written = sp.lp_offered
         return r
 
-    def zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
+    def _zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
         if self.stage == 0:
-            return super().zero_grad(optimizer, set_to_none)
-        if self._join is not None and self._join.before_zero_grad(optimizer, set_to_none):
-            return True
+            return super()._zero_grad(optimizer, set_to_none)
         mine = self._sharded_for(optimizer)
         for sp in mine:
             sp.zero_grad(optimizer)
@@ -257,11 +252,9 @@ class ShardedDataParallel(BucketedDataParallel):
                         p.grad.zero_()
         return True
 
-    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def _clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         if self.stage == 0 or not self.sharded:
-            return super().clip_grad_norm_(parameters, max_norm, norm_type)
-        if self._join is not None and self._join.before_clip(max_norm, norm_type):
-            return torch.tensor(float("nan"))  # join: a deferred sync; clipped with the others' next step
+            return super()._clip_grad_norm_(parameters, max_norm, norm_type)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         if len(self.sharded) > 1:
             raise NotImplementedError("clip_grad_norm_ with several sharded models prepared")

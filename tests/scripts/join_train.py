@@ -14,6 +14,9 @@
 # every rank still training syncs (a rank that syncs alone mid-accumulation keeps its gradients for the next one),
 # gradients a rank accumulated before it ran out are counted in the next step, and the rank out of inputs keeps
 # stepping the model with the others (its shard must stay current), so every rank ends with the same weights.
+# --hf runs the same loop under HF Accelerate (torch DDP, torch's Join; launch with torchrun).
+# --drop_unsynced gives our stage-0 DDP join's (torch DDP's) rule instead: a rank that runs out mid-accumulation
+# has the micro-batches it accumulated unsynced dropped, unless its last batch wanted a sync the others deferred.
 import argparse
 import json
 import os
@@ -62,6 +65,7 @@ def emulate(steps: list, ga: int, out: str, args: argparse.Namespace) -> None:
     sched = scheduler(opt) if args.sched else None
     per_rank = [{k: v.clone() for k, v in model.named_buffers()} for _ in range(world)]
     losses: list = [[] for _ in range(world)]
+    unsynced = [[torch.zeros_like(p) for p in model.parameters()] for _ in range(world)]  # since the last step
     synced_prev = True
     for t in range(max(steps)):
         active = [r for r in range(world) if steps[r] > t]
@@ -72,16 +76,25 @@ def emulate(steps: list, ga: int, out: str, args: argparse.Namespace) -> None:
             for k, b in model.named_buffers():
                 b.copy_(per_rank[r][k])
             x, y = data(t, r)
+            before = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
             loss = torch.nn.functional.mse_loss(model(x), y)
             (loss / (ga * world)).backward()
+            for u, p, b in zip(unsynced[r], model.parameters(), before):
+                u += p.grad - b
             per_rank[r] = {k: v.clone() for k, v in model.named_buffers()}
             losses[r].append(loss.item())
         synced_prev = synced(t, ga, steps, args.loader)
+        for r in active:  # torch DDP's joined rank contributes zeros: what it accumulated unsynced is dropped
+            deferred = args.loader and t == steps[r] - 1  # its lone sync at its last batch waits: it counts
+            if args.drop_unsynced and t == steps[r] - 1 and not synced_prev and not deferred:
+                for u, p in zip(unsynced[r], model.parameters()):
+                    p.grad -= u
         if synced_prev:
             if args.clip or args.ds_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip or args.ds_clip)
             opt.step()
             opt.zero_grad()
+            unsynced = [[torch.zeros_like(p) for p in model.parameters()] for _ in range(world)]
             for _ in range(world if sched is not None else 0):  # HF's AcceleratedScheduler: once per process
                 sched.step()
     src = max(r for r in range(world) if steps[r] == max(steps))
@@ -114,7 +127,10 @@ def loader_dataset(steps: list) -> torch.utils.data.TensorDataset:
 
 
 def distributed(steps: list, ga: int, out: str, args: argparse.Namespace) -> None:
-    from accelerate_c import Accelerator
+    if args.hf:  # HF Accelerate itself, on torch DDP + torch's Join
+        from accelerate import Accelerator
+    else:
+        from accelerate_c import Accelerator
     acc = Accelerator(cpu=True, gradient_accumulation_steps=ga, **plugins(args, ga, len(steps)))
     r = acc.process_index
     assert acc.num_processes == len(steps)
@@ -135,6 +151,11 @@ def distributed(steps: list, ga: int, out: str, args: argparse.Namespace) -> Non
         objs.append(build())
     model, opt, *rest = acc.prepare(*objs)
     joinables = [model, opt] + ([rest.pop()] if args.second_model else [])
+    if args.hf:
+        # HF enters torch's Join on GPUs only (multi_device); opened for this CPU run (gloo runs torch's Join), after
+        # prepare, which reads it too. torch's Join takes only Joinables: the DDP model.
+        type(acc).multi_device = property(lambda self: self.use_distributed)
+        joinables = [model]
     sched = rest[0] if args.sched else None
     batches = rest[-1] if args.loader else (data(t, r) for t in range(steps[r]))
     losses = []
@@ -183,6 +204,10 @@ def main() -> None:
     p.add_argument("--sched", action="store_true", help="a LambdaLR scheduler stepped after each step")
     p.add_argument("--loader", action="store_true", help="a prepared DataLoader (even_batches=False)")
     p.add_argument("--second_model", action="store_true", help="join a second prepared model too")
+    p.add_argument("--hf", action="store_true", help="run HF Accelerate (torch DDP and torch's Join) instead")
+    p.add_argument("--drop_unsynced", action="store_true", help="--emulate with torch DDP's rule (stage 0): a rank "
+                   "that runs out mid-accumulation has its unsynced micro-batches dropped (a deferred lone sync "
+                   "at its last batch still counts)")
     args = p.parse_args()
     torch.set_num_threads(1)
     steps = [int(s) for s in args.steps_per_rank.split(",")]
