@@ -11,10 +11,13 @@
 #    are bf16 views of the engine's unit buffers (stage 3: the storage gathered and freed), the scaling state
 #    per rank (weight amax histories equal on every rank, input amax histories each rank's own), the bytes the
 #    collectives move per step, and a save_state / load_state round trip (the same step twice, the same result).
+#  - Activation checkpointing under delayed scaling (one process, torch's checkpoint with fp8's context_fn): the
+#    recomputation quantises with the forward's scales, so gradients and amax histories equal the plain run's.
 # Not for: FP8Linear's numerics alone (test_precision.py) or the engine without fp8 (test_sharded_engine.py).
 import json
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 # Tolerance against the emulated ranks. With fp32 reduction the two runs do the same operations: exact but for
@@ -32,6 +35,10 @@ CASES = [  # model, face, stage, extra args, reduce dtype
     ("llama", "ds", 1, ["--wrap", "llayer", "--reduce_fp32", "--fp8_recipe", "E4M3:delayed:4"], "fp32"),
     ("llama", "fsdp", 2, ["--wrap", "llayer", "--fp8_recipe", "HYBRID:delayed:3:most_recent"], "bf16"),
     ("mlp", "fsdp", 3, ["--wrap", "size", "--fp8_recipe", "HYBRID:delayed:2"], "bf16"),
+    # activation checkpointing per unit (the recomputation replays the forward's scales) and sharded construction
+    # from the meta device (FP8Linear initialised by transformers' _init_weights as the Linear it replaced)
+    ("llama", "fsdp", 3, ["--wrap", "llayer", "--reduce_fp32", "--ac", "--meta", "all",
+                          "--fp8_recipe", "HYBRID:delayed:4"], "fp32"),
 ]
 _RUNS: dict = {}
 
@@ -60,11 +67,11 @@ def _distributed(run, tmp_path_factory, model, face, stage, extra):
                      launcher="accelerate_c", timeout=240)
 
 
-@pytest.mark.parametrize("model,face,stage,extra,rdt", CASES, ids=[f"{c[0]}-{c[1]}-z{c[2]}-{c[4]}" for c in CASES])
+@pytest.mark.parametrize("model,face,stage,extra,rdt", CASES, ids=[f"{c[0]}-{c[1]}-z{c[2]}-{c[4]}{'-ac-meta' if '--ac' in c[3] else ''}" for c in CASES])
 def test_fp8_sharded_matches_emulated_ranks(run, tmp_path_factory, model, face, stage, extra, rdt):
     got = _distributed(run, tmp_path_factory, model, face, stage, extra)
     ref_args = ["--model", model, "--global_batch", "8", "--optim", "sgd", "--fp8"] + \
-        [a for a in extra if a not in ("--reduce_fp32", "--resume_check")]
+        [a for a in extra if a not in ("--reduce_fp32", "--resume_check", "--ac")]  # (same math)
     ref = _run_once(run, tmp_path_factory, ref_args + ["--emulate", "2"], nproc=1, timeout=120)
     (la, wa), (lb, wb) = _results(ref), _results(got)
     tol = _TOL[rdt]
@@ -131,3 +138,31 @@ def test_fp8_sharded_against_one_process(run, tmp_path_factory):
     assert fp8_w > 1e-4 and fp8_l > 1e-5, "one-process fp8 did not change the run: nothing was quantised"
     assert shard_w <= 1.5 * (fp8_w + bf_w), ("weights", shard_w, fp8_w, bf_w)
     assert shard_l <= 3 * (fp8_l + bf_l), ("losses", shard_l, fp8_l, bf_l, ls, l8, lb, l32)
+
+
+def test_fp8_recompute_replays_the_forward_scales():
+    """One process: a checkpointed block of FP8Linear layers under delayed scaling gives the gradients and amax
+    histories of the same block run without checkpointing (without the context_fn the recomputation quantises with
+    the scale the forward just recorded, and records every amax twice)."""
+    from torch.utils.checkpoint import checkpoint
+    from accelerate_c.fp8 import FP8Config, FP8Linear, convert_to_fp8, recompute_context_fn
+    cfg = FP8Config(fp8_format="HYBRID", use_delayed_scaling=True, amax_history_len=4)
+
+    def block():
+        torch.manual_seed(0)
+        return convert_to_fp8(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)), cfg)
+
+    plain, ckpt = block(), block()
+    assert isinstance(plain[0], FP8Linear) and isinstance(plain[0], torch.nn.Linear)
+    assert recompute_context_fn(torch.nn.Tanh()) is None
+    fn = recompute_context_fn(ckpt)
+    for step in range(3):
+        x = torch.randn(8, 16) * (step + 1)
+        plain(x).square().sum().backward()
+        checkpoint(ckpt, x, use_reentrant=False, context_fn=fn).square().sum().backward()
+    for a, b in zip(plain.parameters(), ckpt.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    for i in (0, 2):
+        for st in ("x_state", "w_state", "g_state"):
+            assert getattr(plain[i], st).history == getattr(ckpt[i], st).history, (i, st)
+        assert len(plain[i].x_state.history) == 3
