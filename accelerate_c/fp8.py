@@ -5,6 +5,7 @@
 # new amax recorded in the same cast pass). Format E4M3 everywhere, or HYBRID: e4m3 forward, e5m2 grads.
 # On a GPU with fp8 support the forward matmul uses torch._scaled_mm; elsewhere it computes on the
 # dequantised values (same numerics, no speed-up).
+# recompute_context_fn: activation checkpointing's recomputation quantises with the scales its forward used.
 # Not for: fp16/bf16 (precision.py) or the cast kernel itself (ops.py, csrc/kernels/cast.c).
 from __future__ import annotations
 
