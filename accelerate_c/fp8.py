@@ -5,12 +5,14 @@
 # new amax recorded in the same cast pass). Format E4M3 everywhere, or HYBRID: e4m3 forward, e5m2 grads.
 # On a GPU with fp8 support the forward matmul uses torch._scaled_mm; elsewhere it computes on the
 # dequantised values (same numerics, no speed-up).
+# recompute_context_fn: activation checkpointing's recomputation quantises with the scales its forward used.
 # Not for: fp16/bf16 (precision.py) or the cast kernel itself (ops.py, csrc/kernels/cast.c).
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -129,11 +131,13 @@ class _FP8LinearFn(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None
 
 
-class FP8Linear(torch.nn.Module):
-    """Drop-in for nn.Linear; keeps the original Parameters (so optimizers built before prepare work)."""
+class FP8Linear(torch.nn.Linear):
+    """Drop-in for nn.Linear; keeps the original Parameters (so optimizers built before prepare work). A Linear
+    subclass (as torchao's Float8Linear) so initialisers that test isinstance(m, nn.Linear) (transformers'
+    _init_weights, nn.Linear.reset_parameters) still initialise it: sharded construction converts, then initialises."""
 
     def __init__(self, linear: torch.nn.Linear, cfg: FP8Config) -> None:
-        super().__init__()
+        torch.nn.Module.__init__(self)  # (not Linear's: it would allocate new parameters)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         grad_dtype = E5M2 if cfg.fp8_format == "HYBRID" else E4M3
@@ -144,6 +148,37 @@ class FP8Linear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def recompute_context_fn(module: torch.nn.Module) -> Optional[Callable[[], tuple]]:
+    """For torch.utils.checkpoint(context_fn=...) around `module` (activation checkpointing): its FP8Linear layers'
+    forward scaling state (input and weight amax histories) is set back, for the recomputation in backward, to what
+    the forward started from, and restored after it: under delayed scaling the recomputed activations then equal the
+    forward's and no amax is recorded twice. None when the module holds no FP8Linear."""
+    states = [s for m in module.modules() if isinstance(m, FP8Linear) for s in (m.x_state, m.w_state)]
+    if not states:
+        return None
+
+    def context_fn() -> tuple:
+        start: list[list[float]] = []
+
+        @contextlib.contextmanager
+        def forward() -> Iterator[None]:
+            start[:] = [list(s.history) for s in states]
+            yield
+
+        @contextlib.contextmanager
+        def recompute() -> Iterator[None]:
+            live = [s.history for s in states]
+            for s, h in zip(states, start):
+                s.history = list(h)
+            try:
+                yield
+            finally:
+                for s, h in zip(states, live):
+                    s.history = h
+        return forward(), recompute()
+    return context_fn
 
 
 def convert_to_fp8(model: torch.nn.Module, cfg: FP8Config) -> torch.nn.Module:

@@ -90,15 +90,18 @@ class ShardEngine:
         inputs and is recomputed in backward. The recomputation calls the unit's own forward, not the module, so
         no forward hook runs again: under stage 3 the unit is already gathered by its pre-backward hook."""
         from torch.utils.checkpoint import checkpoint
+        from ..fp8 import recompute_context_fn
         for u in self.units:
             if not u.name:
                 continue
             inner = u.module.forward
+            fn = recompute_context_fn(u.module)  # fp8 layers: the recomputation replays the forward's scales
+            ctx = {"context_fn": fn} if fn is not None else {}
 
-            def forward(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+            def forward(*args: Any, _inner: Any = inner, _ctx: dict = ctx, **kwargs: Any) -> Any:
                 if not torch.is_grad_enabled():
                     return _inner(*args, **kwargs)
-                return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+                return checkpoint(_inner, *args, use_reentrant=False, **_ctx, **kwargs)
             u.module.forward = forward
             self._restore.append((u.module, inner))
 

@@ -10,6 +10,12 @@
 # alloc<r>.json: the peak bytes of tensor storages alive during prepare (alloc_track.py).
 #   --model bnmp: Linear/BatchNorm layers and nothing replicated (a model every parameter of which has a bf16 compute
 #                 copy: BatchNorm under mixed precision, --buffer_bf16)
+# --fp8 [--fp8_recipe FORMAT[:delayed[:LEN[:ALGO]]]]: Accelerator(mixed_precision="fp8"): Linear layers become FP8Linear
+#   over the engine's bf16 compute copy; the --emulate reference converts the same layers and runs each rank's
+#   chunk through a bf16 copy with that rank's own scaling state; --one_process is the Accelerator's own fp8 run
+#   on one process (no plugin, fp32 weights). stats<r>.json then lists the fp8 layers, whether their weights view
+#   the engine's unit buffers, and each rank's amax histories; --resume_check: save_state, one more step, load_state,
+#   the same step again (resume<r>.json: both losses, whether the weights came out the same).
 # With --emulate N on one process the same run is computed without communication: per-rank buffers follow DDP's
 # broadcast_buffers rule, gradients are the average over ranks, optimizer AdamW or SGD with momentum, clipping
 # torch's clip_grad_norm_. Output in --out: losses.json, weights.safetensors, optim.safetensors ("<param>/<key>"),
@@ -20,6 +26,7 @@ import copy as pycopy
 import dataclasses
 import json
 import os
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -91,12 +98,14 @@ def make_optimizer(params: list, kind: str) -> torch.optim.Optimizer:
                              lr=1e-2, eps=1e-4)  # eps: a zero-mean gradient (attention key bias) stays ~0
 
 
-def eval_loss(kind: str, model: torch.nn.Module, bf16: bool = False) -> float:
+def eval_loss(kind: str, model: torch.nn.Module, bf16: bool = False, fp32_buffers: bool = False) -> float:
     """A loss in eval mode under no_grad (stage 3 gathers each unit for it and frees it after)."""
     model.eval()
     with torch.no_grad():
         xb, yb = batch(kind, 999, 4)
         m = pycopy.deepcopy(model).to(torch.bfloat16) if bf16 else model
+        if bf16 and fp32_buffers:
+            keep_buffers(m, model)
         out = loss_of(kind, m, xb.bfloat16() if bf16 and xb.is_floating_point() else xb, yb, 1).item()
     model.train()
     return out
@@ -133,6 +142,12 @@ def emulate(args: argparse.Namespace) -> None:
     model = reference_model(kind, args.meta)
     model.train()
     per_rank = [{k: v.clone() for k, v in model.named_buffers()} for _ in range(n)]
+    scaling = None
+    if args.fp8:  # the same conversion; each rank keeps its own scaling state (amax histories)
+        from accelerate_c.fp8 import FP8Config, convert_to_fp8
+        convert_to_fp8(model, FP8Config.from_handler(fp8_handler(args)))
+        scaling = [pycopy.deepcopy(fp8_states(model)) for _ in range(n)]
+    half = args.bf16 or args.fp8  # fp8: the engine computes on a bf16 copy (mixed_precision fp8 -> param_dtype bf16)
 
     def load(r: int) -> None:
         for name, b in model.named_buffers():
@@ -150,8 +165,11 @@ def emulate(args: argparse.Namespace) -> None:
         total = 0.0
         for r in range(n):
             load(r)
-            if args.bf16:  # a bf16 compute copy of the fp32 master, its gradients accumulated in fp32
+            if half:  # a bf16 compute copy of the fp32 master, its gradients accumulated in fp32
                 copy = pycopy.deepcopy(model).to(torch.bfloat16)
+                if scaling is not None:  # (and the buffers stay in their dtype, as the engine keeps them)
+                    set_fp8_states(copy, scaling[r])
+                    keep_buffers(copy, model)
                 x = chunk(xb, r, n)
                 loss = loss_of(kind, copy, x.bfloat16() if x.is_floating_point() else x, chunk(yb, r, n), m)
                 (loss / (args.grad_accum * n)).backward()
@@ -175,7 +193,83 @@ def emulate(args: argparse.Namespace) -> None:
                 opt.step()
                 opt.zero_grad()
     load(0)
-    write(args, losses + [eval_loss(kind, model, args.bf16)], model.state_dict(), optim_state(model, opts))
+    if scaling is not None:
+        set_fp8_states(model, scaling[0])  # (the eval loss below is rank 0's)
+    write(args, losses + [eval_loss(kind, model, half, args.fp8)], model.state_dict(), optim_state(model, opts))
+
+
+def fp8_handler(args: argparse.Namespace) -> Any:
+    """--fp8_recipe FORMAT[:delayed[:LEN[:ALGO]]] as HF's FP8RecipeKwargs (None: the defaults)."""
+    if not args.fp8_recipe:
+        return None
+    from accelerate_c import FP8RecipeKwargs
+    parts = args.fp8_recipe.split(":")
+    return FP8RecipeKwargs(fp8_format=parts[0], use_delayed_scaling=len(parts) > 1 and parts[1] == "delayed",
+                           amax_history_len=int(parts[2]) if len(parts) > 2 else None,
+                           amax_compute_algo=parts[3] if len(parts) > 3 else None)
+
+
+def keep_buffers(copy: torch.nn.Module, model: torch.nn.Module) -> None:
+    orig = dict(model.named_modules())
+    for name, mod in copy.named_modules():
+        for k, b in list(mod._buffers.items()):
+            if b is not None:
+                mod._buffers[k] = orig[name]._buffers[k].clone()
+
+
+def fp8_states(model: torch.nn.Module) -> dict:
+    from accelerate_c.fp8 import FP8Linear
+    return {n: (m.x_state, m.w_state, m.g_state) for n, m in model.named_modules() if isinstance(m, FP8Linear)}
+
+
+def set_fp8_states(model: torch.nn.Module, states: dict) -> None:
+    for n, m in model.named_modules():
+        if n in states:
+            m.x_state, m.w_state, m.g_state = states[n]
+
+
+def fp8_report(acc: Any, model: torch.nn.Module) -> dict:
+    """The fp8 layers, whether each one's weight (and bias) views one of the engine's unit buffers, and this
+    rank's amax histories (x, w, g)."""
+    inner = acc.unwrap_model(model)
+    engine = acc.strategy.engines[0]
+    # stage 1/2: one flat buffer of every unit; stage 3: each unit's full buffer (freed between uses: the
+    # storage object stays the parameters' storage)
+    bufs = [engine.flat] if getattr(engine, "flat", None) is not None else [u.full for u in engine.units]
+    owners = {t.untyped_storage()._cdata for t in bufs}
+    states = fp8_states(inner)
+    views = {}
+    for n in states:
+        m = inner.get_submodule(n)
+        views[n] = [str(m.weight.dtype)] + [p.untyped_storage()._cdata in owners for p in (m.weight, m.bias)
+                                            if p is not None]
+    hist = {n: [s.history for s in st] for n, st in states.items()}
+    return {"fp8_layers": sorted(states), "fp8_views": views, "fp8_history": hist}
+
+
+def one_process(args: argparse.Namespace) -> None:
+    """The Accelerator's own run on one process (no plugin) on the whole global batch: --fp8's reference."""
+    from accelerate_c import Accelerator
+    handler = fp8_handler(args)
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=args.grad_accum,
+                      mixed_precision="fp8" if args.fp8 else "no", kwargs_handlers=[handler] if handler else None)
+    kind = args.model
+    model = build(kind)
+    optims = make_optimizers(model, args.optim, args.two_opt)
+    model, *opts = acc.prepare(model, *optims)
+    losses = []
+    for m in range(args.steps * args.grad_accum):
+        xb, yb = batch(kind, m, args.global_batch)
+        with acc.accumulate(model):
+            loss = loss_of(kind, model, xb, yb, m)
+            acc.backward(loss)
+            if acc.sync_gradients and args.clip:
+                acc.clip_grad_norm_(model.parameters(), args.clip)
+            for opt in opts:
+                opt.step()
+                opt.zero_grad()
+        losses.append(loss.item())
+    write(args, losses + [eval_loss(kind, model)], acc.unwrap_model(model).state_dict(), {})
 
 
 def distributed(args: argparse.Namespace) -> None:
@@ -205,10 +299,14 @@ def distributed(args: argparse.Namespace) -> None:
             ds["gradient_clipping"] = args.ds_clip
         if args.bf16:
             ds["bf16"] = {"enabled": True}
+        # (--fp8: the Accelerator's mixed_precision="fp8" fills DeepSpeed's bf16 block, as HF does)
         plugins = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=ds, zero3_init_flag=args.construct_flag)}
     # bf16 through the DeepSpeed face: the Accelerator's mixed_precision; through the FSDP face: param_dtype
     mp = "bf16" if args.bf16 and args.face == "ds" else "no"
-    acc = Accelerator(cpu=True, gradient_accumulation_steps=args.grad_accum, mixed_precision=mp, **plugins)
+    mp = "fp8" if args.fp8 else mp
+    handler = fp8_handler(args) if args.fp8 else None
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=args.grad_accum, mixed_precision=mp,
+                      kwargs_handlers=[handler] if handler else None, **plugins)
     # The wrap policy is set on the engine's config directly (the plugins' auto-wrap fields are mapped by the
     # configuration-faces work); everything else comes from the plugin.
     policy, cls, min_params = WRAPS[args.wrap]
@@ -268,6 +366,8 @@ def distributed(args: argparse.Namespace) -> None:
              "world": n, "calls": engine.comm.calls,
              "buffer_dtypes": {k: str(b.dtype) for k, b in acc.unwrap_model(model).named_buffers()},
              "reduce_dtype": str(engine.rdt)}
+    if args.fp8:
+        stats.update(fp8_report(acc, model))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"stats{r}.json"), "w") as f:
         json.dump(stats, f)
@@ -295,12 +395,36 @@ def distributed(args: argparse.Namespace) -> None:
     sd = acc.get_state_dict(model)  # collective (gathers unit by unit under stage 3)
     if acc.is_main_process:
         write(args, losses, sd, {})
+    if args.resume_check:
+        resume_check(args, acc, model, opts)
     if args.save_model:  # the HF layout from the shards (checkpointing/model.py), config beside it
         acc.save_model(model, args.save_model)
         if acc.is_main_process and hasattr(acc.unwrap_model(model), "config"):
             acc.unwrap_model(model).config.save_pretrained(args.save_model)
     acc.wait_for_everyone()
     acc.end_training()
+
+
+def resume_check(args: argparse.Namespace, acc: Any, model: torch.nn.Module, opts: list) -> None:
+    """save_state, one more step, load_state, the same step again: both give the same loss and weights."""
+    ckpt = os.path.join(args.out, "ckpt")
+    acc.save_state(ckpt)
+    kind, n, r = args.model, acc.num_processes, acc.process_index
+    runs = []
+    for _ in range(2):
+        xb, yb = batch(kind, 500, args.global_batch)
+        loss = loss_of(kind, model, chunk(xb, r, n), chunk(yb, r, n), 0)
+        acc.backward(loss)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad()
+        runs.append((acc.reduce(loss.detach(), reduction="mean").item(),
+                     {k: v.detach().clone() for k, v in acc.get_state_dict(model).items()}))
+        if len(runs) == 1:
+            acc.load_state(ckpt)
+    same = all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
+    with open(os.path.join(args.out, f"resume{r}.json"), "w") as f:
+        json.dump({"losses": [runs[0][0], runs[1][0]], "same_weights": same}, f)
 
 
 def write(args: argparse.Namespace, losses: list, sd: dict, optim: dict) -> None:
@@ -340,11 +464,15 @@ def main() -> None:
                    help="FSDP cpu_ram_efficient_loading / DeepSpeed zero3_init_flag")
     p.add_argument("--track_alloc", action="store_true", help="alloc<r>.json: peak live tensor bytes in prepare")
     p.add_argument("--save_model", default="", help="accelerator.save_model into this directory after training")
+    p.add_argument("--fp8", action="store_true", help="Accelerator(mixed_precision='fp8'): FP8Linear layers")
+    p.add_argument("--fp8_recipe", default="", help="with --fp8: FORMAT[:delayed[:LEN[:ALGO]]] (FP8RecipeKwargs)")
+    p.add_argument("--one_process", action="store_true", help="the Accelerator on one process, no plugin")
+    p.add_argument("--resume_check", action="store_true", help="save_state / load_state round trip after training")
     p.add_argument("--emulate", type=int, default=0, help="the single-process reference of N ranks")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     torch.set_num_threads(1)
-    (emulate if args.emulate else distributed)(args)
+    (emulate if args.emulate else one_process if args.one_process else distributed)(args)
 
 
 if __name__ == "__main__":
