@@ -57,16 +57,17 @@ def group_supported(kind: str, group: dict) -> bool:
         g = p.grad
         if g is None:
             continue
-        if (p.device.type != "cpu" or p.dtype != torch.float32 or p.is_sparse or g.is_sparse
-                or g.device.type != "cpu" or g.dtype not in _GRAD_DTYPES or not p.is_contiguous()
+        # is_cpu rather than device.type: the same test without building a device object per tensor (this runs
+        # for every param on every step)
+        if (not p.is_cpu or p.dtype != torch.float32 or p.is_sparse or g.is_sparse
+                or not g.is_cpu or g.dtype not in _GRAD_DTYPES or not p.is_contiguous()
                 or not g.is_contiguous() or g.shape != p.shape):
             return False
     return True
 
 
 def _state_ok(t: torch.Tensor | None, p: torch.Tensor) -> bool:
-    return t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
-                         and t.shape == p.shape)
+    return t is None or (t.is_cpu and t.dtype == torch.float32 and t.is_contiguous() and t.shape == p.shape)
 
 
 def _lp_for(low_precision_copies: dict | None, p: torch.Tensor) -> torch.Tensor | None:
@@ -104,7 +105,7 @@ def _adam_group_lists(opt: torch.optim.Optimizer, group: dict, low_precision_cop
         mx = state.get("max_exp_avg_sq") if amsgrad else None
         if amsgrad and mx is None:
             return None
-        if (not isinstance(step, torch.Tensor) or step.device.type != "cpu" or step.numel() != 1
+        if (not isinstance(step, torch.Tensor) or not step.is_cpu or step.numel() != 1
                 or step.dtype not in (torch.float32, torch.float64)):
             return None
         if layout == "float32":
