@@ -116,3 +116,58 @@ def test_fsdp1_module_classes_to_ignore_mapped():
     assert fp32_modules(model, (torch.nn.LayerNorm,)) == [model[2]]
     with pytest.raises(TypeError, match="fp32_module_classes"):
         fp32_modules(model, ("BatchNorm1d",))
+
+
+COMM_CASES = [  # stage, extra, compute bytes/element, reduce bytes/element
+    (2, ["--bf16", "--ds_comm", "fp32", "--grad_accum", "2"], 2, 4),
+    (3, ["--bf16", "--ds_comm", "FP32"], 2, 4),
+    (1, ["--ds_comm", "bf16", "--optim", "sgd"], 4, 2),
+    (2, ["--ds_comm", "fp16", "--grad_accum", "2"], 4, 2),
+]
+
+
+@pytest.mark.parametrize("stage,extra,csize,rsize", COMM_CASES,
+                         ids=[f"z{c[0]}-{'bf16' if '--bf16' in c[1] else 'fp32'}-comm-{c[1][c[1].index('--ds_comm') + 1]}"
+                              for c in COMM_CASES])
+def test_deepspeed_communication_data_type(run, tmp_path, tmp_path_factory, stage, extra, csize, rsize):
+    """communication_data_type through the DeepSpeed face is the engine's reduce_dtype: the reduce-scatter moves it
+    (counted bytes per step), the all-gather the compute copy; training within the bf16 tolerances of the reference
+    (the same compute copies, gradients summed in fp32)."""
+    nproc = 2
+    args = ["--model", "mlp", "--wrap", "size", "--global_batch", str(4 * nproc)] + extra
+    i = args.index("--ds_comm")
+    ref = _reference(run, tmp_path_factory, args[:i] + args[i + 2:], nproc)
+    got = tmp_path / "got"
+    run("sharded_train.py", args + ["--face", "ds", "--stage", str(stage), "--out", str(got)], nproc=nproc,
+        launcher="accelerate_c", timeout=180)
+    la, lb = json.loads((ref / "losses.json").read_text()), json.loads((got / "losses.json").read_text())
+    assert len(la) == len(lb) > 0
+    for k, (x, y) in enumerate(zip(la, lb)):
+        assert abs(x - y) <= 2e-3 * max(1.0, abs(x)), f"step {k}: {x} vs {y}"
+    ref_w, got_w = load_file(str(ref / "weights.safetensors")), load_file(str(got / "weights.safetensors"))
+    for k in ref_w:
+        assert (ref_w[k] - got_w[k]).abs().max().item() <= 2e-3, k
+    want = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}[extra[extra.index(
+        "--ds_comm") + 1].lower()]
+    ga = int(extra[extra.index("--grad_accum") + 1]) if "--grad_accum" in extra else 1
+    for r in range(nproc):
+        s = json.loads((got / f"stats{r}.json").read_text())
+        assert s["reduce_dtype"] == want, s["reduce_dtype"]
+        psi = s["padded"]
+        rs, ag = rsize * psi, csize * psi
+        expected = {1: rs + ag, 2: ga * rs + ag, 3: ga * (rs + 2 * ag)}[stage]
+        assert s["bytes_per_step"] == [expected] * len(s["bytes_per_step"]), (s["bytes_per_step"], expected)
+
+
+def test_communication_data_type_values():
+    from accelerate_c.sharding.config import _fields_from_deepspeed_json
+    from accelerate_c.sharding.deepspeed_json import DeepSpeedConfigError, validate_config
+    for value, dt in (("fp32", torch.float32), ("FP16", torch.float16), ("bf16", torch.bfloat16),
+                      ("bfp16", torch.bfloat16)):
+        validate_config({"communication_data_type": value})
+        assert _fields_from_deepspeed_json({"communication_data_type": value})["reduce_dtype"] == dt
+    validate_config({"communication_data_type": None})
+    assert "reduce_dtype" not in _fields_from_deepspeed_json({"communication_data_type": None})
+    for bad in ("fp8", "float32", 16, "auto"):
+        with pytest.raises(DeepSpeedConfigError, match="communication_data_type"):
+            validate_config({"communication_data_type": bad})

@@ -153,6 +153,10 @@ def _fields_from_deepspeed_json(config: Mapping[str, Any]) -> dict[str, Any]:
     ga = config.get("gradient_accumulation_steps")
     if isinstance(ga, int) and not isinstance(ga, bool):
         fields["gradient_accumulation_steps"] = ga
+    from .deepspeed_json import communication_dtype
+    rdt = communication_dtype(config)  # gradients reduced (and the shard gradient kept) in it
+    if rdt is not None:
+        fields["reduce_dtype"] = rdt
     bucket = zero.get("reduce_bucket_size")
     if isinstance(bucket, (int, float)) and not isinstance(bucket, bool):
         fields["bucket_cap_mb"] = float(bucket) * 4 / 2**20  # DeepSpeed counts elements (fp32: 4 bytes each)

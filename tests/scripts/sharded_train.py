@@ -239,6 +239,8 @@ def distributed(args: argparse.Namespace) -> None:
             ds["gradient_clipping"] = args.ds_clip
         if args.bf16:
             ds["bf16"] = {"enabled": True}
+        if args.ds_comm:  # DeepSpeed's communication_data_type: the reduce dtype
+            ds["communication_data_type"] = args.ds_comm
         if args.fp16:  # a static-looking dynamic scale: 2**10, growth only after 1000 clean steps
             ds["fp16"] = {"enabled": True, "initial_scale_power": 10, "loss_scale_window": 1000}
         plugins = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=ds, zero3_init_flag=args.construct_flag)}
@@ -377,6 +379,7 @@ def main() -> None:
     p.add_argument("--buffer_bf16", action="store_true", help="with --bf16: FSDP1 MixedPrecision buffer_dtype bf16")
     p.add_argument("--fp16", action="store_true", help="mixed_precision fp16: an fp16 compute copy, loss scale 1024")
     p.add_argument("--bn_low", action="store_true", help="with --bf16: BatchNorm in the compute dtype (not fp32)")
+    p.add_argument("--ds_comm", default="", help="DeepSpeed face: communication_data_type (fp32, fp16, bf16)")
     p.add_argument("--two_opt", action="store_true", help="two optimizers over halves of the parameters")
     p.add_argument("--hybrid", action="store_true", help="FSDP HYBRID_SHARD(_ZERO2): shard in a host, replicate across")
     p.add_argument("--no_reshard", action="store_true", help="FSDP reshard_after_forward=False")
