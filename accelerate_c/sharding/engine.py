@@ -18,7 +18,8 @@
 # (`master`, stage 3 `pshard`) are what the optimizer steps, cast into the compute copy after it (or written by the
 # fused kernel in the same pass: after_step(cast=False)). reduce_dtype (default: the compute dtype): gradients are
 # cast into it on the copy-in (pack.py), reduced in it and the shard gradient `gshard` is kept in it (stage 1 too,
-# when it differs from the compute dtype: the full gradient buffer then stays in the compute dtype).
+# when it differs from the compute dtype: the full gradient buffer then stays in the compute dtype). Modules kept
+# in fp32 (BatchNorm by default) and frozen parameters under a compute dtype: mixed.py.
 # Not for: the strategy contract (strategies/sharded.py) or the layout arithmetic (flat.py).
 from __future__ import annotations
 
