@@ -109,7 +109,7 @@ def test_hybrid_shard_across_hosts(run, tmp_path, tmp_path_factory):
     _check(ref, got, "gpt2", 3, 4, extra, shard_ranks=2)
 
 
-def _check(ref, got, model, stage, nproc, extra, shard_ranks=None):
+def _check(ref, got, model, stage, nproc, extra, shard_ranks=None, otol=None):
     bf16 = "--bf16" in extra
     tol = 2e-3 if bf16 else 1e-5  # bf16: gradients reduced in bf16 against the reference's fp32 sums
     la, lb = json.loads((ref / "losses.json").read_text()), json.loads((got / "losses.json").read_text())
@@ -132,7 +132,7 @@ def _check(ref, got, model, stage, nproc, extra, shard_ranks=None):
     ref_opt = load_file(str(ref / "optim.safetensors"))
     opt_pieces = {k: v for k, v in pieces.items() if "/" in k}
     assert set(opt_pieces) == set(ref_opt), sorted(set(opt_pieces) ^ set(ref_opt))
-    _close(ref_opt, opt_pieces, 1e-3 if bf16 else 1e-5, "optimizer state by optimizer_layout")
+    _close(ref_opt, opt_pieces, otol or (1e-3 if bf16 else 1e-5), "optimizer state by optimizer_layout")
 
     stats = [json.loads((got / f"stats{r}.json").read_text()) for r in range(nproc)]
     psi = stats[0]["padded"]  # padded trainable elements

@@ -10,6 +10,11 @@
 # syncs at its own last batch while the others accumulate). One run is also checked against the same uneven run
 # under our stage-0 DDP join. What is refused fails with its error, on every rank, without hanging: two prepared
 # models under the context, and under stage 3 a rank with no batch at all (it replays its last batch).
+# An ignored (replicated) module with a rank out of inputs mid-accumulation: its accumulated gradient counts, as the
+# units' do. fp16 (mixed_precision="fp16", loss scaling, BatchNorm kept in fp32) with an inf forced into one gradient
+# element on one rank only (before the others join, after, accumulated by a rank that then runs out): every rank
+# records the same skip decisions and scales as the one-process computation of the same uneven run (the step with
+# the inf skipped everywhere, the scale halved), ends with the same scale and the same weights (fp16 tolerance).
 # Not for: stage 0's join itself (tests/test_join.py).
 import json
 
@@ -41,6 +46,7 @@ CASES = [  # id, sharding, steps per rank, grad accumulation, extra args, enviro
     ("z1-loader-lonesync", "ds:1", "4,3", 2, ["--loader"], {}),       # rank 1 syncs at its last batch alone
     ("fsdp2-loader-3ranks-clip", "fsdp:2", "3,3,2", 2, ["--loader", "--clip", "0.3"], {}),
     ("fsdp3-loader-lonesync-units-sched", "fsdp:3", "4,3", 2, ["--loader", "--wrap", "size", "--sched"], {}),
+    ("z2-midaccum-ignored", "ds:2", "3,6", 2, ["--ignore"], {}),      # rank 0's accumulated replicated gradient
 ]
 
 
@@ -74,3 +80,36 @@ def test_sharded_join_refuses_clearly(tmp_path, run, sharding, steps, extra, mes
     args = ["--steps_per_rank", steps, "--sharding", sharding, "--out", str(tmp_path)] + extra
     with pytest.raises(AssertionError, match=message):
         run("join_train.py", args, nproc=2, launcher="accelerate_c", timeout=120)
+
+
+FP16_CASES = [  # id, sharding, steps per rank, grad accumulation, extra args (--inject T:R: micro-step T of rank R)
+    ("z2-midaccum", "ds:2", "3,6", 2, []),                                   # no overflow: the carried gradients
+    ("fsdp2-overflow-carried", "fsdp:2", "3,6", 2, ["--inject", "2:0", "--clip", "0.3"]),  # rank 0's last micro-step
+    ("z1-overflow-after-join", "ds:1", "3,6", 2, ["--inject", "4:1", "--clip", "0.3"]),  # rank 0 already joined
+    ("fsdp3-overflow-units", "fsdp:3", "3,6", 2, ["--inject", "1:0", "--wrap", "size"]),
+    ("z2-3ranks-overflow-dsclip", "ds:2", "6,2,4", 2, ["--inject", "5:0", "--ds_clip", "0.3"]),
+]
+
+
+@pytest.mark.parametrize("sharding,steps,ga,extra", [pytest.param(*c[1:], id=c[0]) for c in FP16_CASES])
+def test_sharded_join_fp16_overflow_agreed(tmp_path, run, sharding, steps, ga, extra):
+    args = ["--steps_per_rank", steps, "--grad_accum", str(ga), "--fp16", "--optim", "sgd"] + extra
+    ref, got = tmp_path / "ref", tmp_path / "got"
+    run("join_train.py", args + ["--emulate", "--out", str(ref)], nproc=1, timeout=120)
+    nproc = len(steps.split(","))
+    run("join_train.py", args + ["--sharding", sharding, "--out", str(got)], nproc=nproc, launcher="accelerate_c",
+        timeout=240)
+    finals, skips = set(), 0
+    for r in range(nproc):
+        a = json.loads((ref / f"record{r}.json").read_text())
+        b = json.loads((got / f"record{r}.json").read_text())
+        assert a == b, (r, a, b)
+        finals.add(b["final_scale"])
+        skips += sum(skip for skip, _ in b["steps"])
+    assert len(finals) == 1, finals
+    if "--inject" in extra:  # one step skipped (on every rank still training; a joined rank's scale halved too)
+        assert skips >= 1 and finals == {512.0}, (skips, finals)
+    else:
+        assert skips == 0 and finals == {1024.0}, (skips, finals)
+    # fp16 compute copies: rounded at 2**-11, the reference's per-rank gradients of loss / world, ours of loss
+    _compare(ref, got, nproc, [int(s) for s in steps.split(",")], tol=1e-3)

@@ -3,7 +3,8 @@
 # summed in fp32): reduce_dtype float32 under param_dtype bf16 (FSDP2's MixedPrecisionPolicy(param_dtype=bf16,
 # reduce_dtype=fp32); the DeepSpeed face through the config field) on stages 1-3; fp32 parameters reduced in bf16
 # (MixedPrecisionPolicy(reduce_dtype=bf16): the shard gradient kept in bf16, cast for the step); FSDP1's buffer_dtype
-# on a BatchNorm model (buffers live in bf16, the full state dict gives them back in fp32). Within the existing bf16
+# on a BatchNorm model whose BatchNorm computes in bf16 (--bn_low: _module_classes_to_ignore=()): buffers live in
+# bf16, the full state dict gives them back in fp32. Within the existing bf16
 # tolerances (2e-3; optimizer state 1e-3); the bytes counted per step show which dtype each collective moved (the
 # reduce-scatter in the reduce dtype, the all-gather in the compute dtype). And the C paths (pack kernel, fused step
 # writing the compute copy) against the torch copies + separate cast (ACCELERATE_C_SHARD_KERNELS=0) on the same
@@ -20,8 +21,8 @@ CASES = [  # model, face, stage, nproc, extra args
     ("mlp", "fsdp", 2, 2, ["--wrap", "size", "--bf16", "--reduce_fp32", "--grad_accum", "2", "--clip", "0.5"]),
     ("mlp", "fsdp", 3, 3, ["--wrap", "size", "--bf16", "--reduce_fp32", "--grad_accum", "2"]),
     ("mlp", "fsdp", 2, 2, ["--wrap", "size", "--reduce_bf16", "--grad_accum", "2"]),
-    ("bnmp", "fsdp", 2, 2, ["--bf16", "--buffer_bf16", "--reduce_fp32", "--optim", "sgd"]),
-    ("bnmp", "fsdp", 3, 2, ["--bf16", "--buffer_bf16", "--reduce_fp32", "--grad_accum", "2"]),
+    ("bnmp", "fsdp", 2, 2, ["--bf16", "--bn_low", "--buffer_bf16", "--reduce_fp32", "--optim", "sgd"]),
+    ("bnmp", "fsdp", 3, 2, ["--bf16", "--bn_low", "--buffer_bf16", "--reduce_fp32", "--grad_accum", "2"]),
 ]
 
 

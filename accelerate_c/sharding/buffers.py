@@ -5,22 +5,25 @@
 # Not for: parameters (the engine's compute copy, param_dtype) or the state-dict plumbing (strategies/sharded.py).
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterable, Optional
 
 import torch
 
 
 @torch.no_grad()
-def cast_buffers(model: torch.nn.Module, dtype: Optional[torch.dtype]) -> dict[int, torch.dtype]:
-    """Casts model's floating buffers to `dtype` in place (the module keeps the same buffer objects); returns
-    {id(buffer): original dtype} of those it changed ({} for dtype None)."""
+def cast_buffers(model: torch.nn.Module, dtype: Optional[torch.dtype],
+                 keep: Iterable[torch.nn.Module] = ()) -> dict[int, torch.dtype]:
+    """Casts model's floating buffers to `dtype` in place (the module keeps the same buffer objects), except those
+    of the modules `keep` (kept in full precision: mixed.py); returns {id(buffer): original dtype} of those it
+    changed ({} for dtype None)."""
     if dtype is None:
         return {}
     if not dtype.is_floating_point:
         raise TypeError(f"sharded engine: buffer_dtype={dtype} is not a floating-point dtype")
     orig: dict[int, torch.dtype] = {}
+    kept = {id(b) for m in keep for b in m.buffers()}
     for b in model.buffers():
-        if b.is_floating_point() and b.dtype != dtype:
+        if b.is_floating_point() and b.dtype != dtype and id(b) not in kept:
             orig[id(b)] = b.dtype
             b.data = b.data.to(dtype)
     return orig

@@ -36,6 +36,7 @@ class ShardedConfig(DDPConfig):
     param_dtype: Optional[torch.dtype] = None   # mixed_precision_policy: compute copy of the parameters
     reduce_dtype: Optional[torch.dtype] = None  # gradient reduction dtype
     buffer_dtype: Optional[torch.dtype] = None  # buffers' dtype
+    fp32_module_classes: Optional[tuple[type, ...]] = None  # kept in fp32 under param_dtype (None: BatchNorm)
     activation_checkpointing: bool = False    # per unit, non-reentrant
     cpu_offload: bool = False                 # params/optimizer state offloaded to CPU (a no-op on CPU runs)
     state_dict_type: str = "SHARDED_STATE_DICT"   # or "FULL_STATE_DICT"
@@ -91,6 +92,8 @@ def fields_from_fsdp_plugin(plugin: Any) -> dict[str, Any]:
         fields.update(param_dtype=getattr(policy, "param_dtype", None),
                       reduce_dtype=getattr(policy, "reduce_dtype", None),
                       buffer_dtype=getattr(policy, "buffer_dtype", None))
+        if hasattr(policy, "_module_classes_to_ignore"):  # FSDP1's MixedPrecision (default: BatchNorm)
+            fields["fp32_module_classes"] = tuple(policy._module_classes_to_ignore)
     offload = getattr(plugin, "cpu_offload", None)
     fields["cpu_offload"] = bool(getattr(offload, "offload_params", False)) or type(offload).__name__ == \
         "CPUOffloadPolicy"
@@ -150,6 +153,10 @@ def _fields_from_deepspeed_json(config: Mapping[str, Any]) -> dict[str, Any]:
     ga = config.get("gradient_accumulation_steps")
     if isinstance(ga, int) and not isinstance(ga, bool):
         fields["gradient_accumulation_steps"] = ga
+    from .deepspeed_json import communication_dtype
+    rdt = communication_dtype(config)  # gradients reduced (and the shard gradient kept) in it
+    if rdt is not None:
+        fields["reduce_dtype"] = rdt
     bucket = zero.get("reduce_bucket_size")
     if isinstance(bucket, (int, float)) and not isinstance(bucket, bool):
         fields["bucket_cap_mb"] = float(bucket) * 4 / 2**20  # DeepSpeed counts elements (fp32: 4 bytes each)

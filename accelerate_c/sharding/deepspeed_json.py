@@ -21,7 +21,9 @@ import torch
 logger = logging.getLogger(__name__)
 AUTO = "auto"
 
-# Field -> (kind, "auto" allowed, effect). kind: int | num | bool | stage | device | path | name | false | true.
+# Field -> (kind, "auto" allowed, effect). kind: int | num | bool | stage | device | path | name | false | true |
+# dtype (DeepSpeed's communication_data_type: fp32 / fp16 / bf16, any case, or null; "bfp16", older DeepSpeed's
+# spelling of bf16, too).
 # effect: "" = implemented; "hint" = a DeepSpeed performance knob with no effect on results here (the engine's own
 # bucket/prefetch policy applies): accepted, named once in a warning when the user set it.
 SCHEMA: dict[str, tuple[str, bool, str]] = {
@@ -32,6 +34,7 @@ SCHEMA: dict[str, tuple[str, bool, str]] = {
     "steps_per_print": ("num", False, "hint"),
     "wall_clock_breakdown": ("false", False, ""),
     "prescale_gradients": ("false", False, ""),
+    "communication_data_type": ("dtype", False, ""),
     "zero_allow_untested_optimizer": ("bool", False, ""),
     "zero_force_ds_cpu_optimizer": ("bool", False, ""),
     "fp16.enabled": ("bool", True, ""),
@@ -70,6 +73,18 @@ BLOCKS = ("fp16", "bf16", "zero_optimization", "zero_optimization.offload_optimi
           "optimizer", "scheduler")
 FREE_BLOCKS = ("optimizer.params", "scheduler.params")  # checked by deepspeed_builders.py against the type
 _HF_INSERTED = ("steps_per_print",)  # HF's plugin always writes it: never warned about
+
+
+COMM_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "bfp16": torch.bfloat16}
+
+
+def communication_dtype(config: dict) -> Optional[torch.dtype]:
+    """communication_data_type as a torch dtype (None: absent or null, the compute dtype is reduced)."""
+    value = config.get("communication_data_type")
+    if value is None:
+        return None
+    _check_value("communication_data_type", "dtype", False, value)
+    return COMM_DTYPES[value.lower()]
 
 
 class DeepSpeedConfigError(ValueError):
@@ -162,11 +177,12 @@ def _check_value(path: str, kind: str, auto_ok: bool, value: Any) -> None:
           "num": number, "bool": isinstance(value, bool), "false": value is False, "true": value is True,
           "stage": value in (0, 1, 2, 3) and not isinstance(value, bool),
           "device": value in ("none", "cpu", "nvme", None), "path": value is None or isinstance(value, str),
-          "name": isinstance(value, str)}[kind]
+          "name": isinstance(value, str),
+          "dtype": value is None or isinstance(value, str) and value.lower() in COMM_DTYPES}[kind]
     if not ok:
         allowed = {"int": "an integer", "num": "a number", "bool": "true or false", "false": "false (only)",
                    "true": "true (only)", "stage": "0, 1, 2 or 3", "device": "none, cpu or nvme",
-                   "path": "a path or null", "name": "a string"}[kind]
+                   "path": "a path or null", "name": "a string", "dtype": "fp32, fp16, bf16 or null"}[kind]
         raise DeepSpeedConfigError(f"DeepSpeed config `{path}`: got {value!r}; allowed: {allowed}"
                                    + ("" if not auto_ok else " or \"auto\""))
     if kind == "device" and value == "nvme":

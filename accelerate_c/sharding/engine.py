@@ -18,7 +18,8 @@
 # (`master`, stage 3 `pshard`) are what the optimizer steps, cast into the compute copy after it (or written by the
 # fused kernel in the same pass: after_step(cast=False)). reduce_dtype (default: the compute dtype): gradients are
 # cast into it on the copy-in (pack.py), reduced in it and the shard gradient `gshard` is kept in it (stage 1 too,
-# when it differs from the compute dtype: the full gradient buffer then stays in the compute dtype).
+# when it differs from the compute dtype: the full gradient buffer then stays in the compute dtype). Modules kept
+# in fp32 (BatchNorm by default) and frozen parameters under a compute dtype: mixed.py.
 # Not for: the strategy contract (strategies/sharded.py) or the layout arithmetic (flat.py).
 from __future__ import annotations
 
@@ -38,8 +39,11 @@ class ShardEngine:
         self.construct = construct  # some rank's model is on the meta device: sharded construction (construct.py)
         self.stage = int(config.stage)
         self.rank, self.world = comm.rank, comm.size
+        from .mixed import fp32_modules  # mixed precision: BatchNorm (by default) kept out of the units, in fp32
+        low = (config.param_dtype or torch.float32) != torch.float32
+        keep32 = fp32_modules(model, getattr(config, "fp32_module_classes", None)) if low else []
         specs, self.replicated = build_units(model, config.auto_wrap_policy, config.transformer_layer_cls,
-                                             config.min_num_params, config.ignored_modules,
+                                             config.min_num_params, tuple(config.ignored_modules) + tuple(keep32),
                                              getattr(config, "auto_wrap_callable", None))
         self.units = [FlatUnit(i, s.name, s.module, s.params, self.world, self.rank) for i, s in enumerate(specs)]
         sbase = fbase = 0
@@ -62,7 +66,7 @@ class ShardEngine:
             raise TypeError(f"sharded engine: reduce_dtype={self.rdt}; allowed: float32, bfloat16, float16")
         self.split_reduce = self.rdt != pdt          # gradients change dtype on their way into the reduction
         from .buffers import cast_buffers
-        self.buffer_orig = cast_buffers(model, config.buffer_dtype)  # FSDP1 buffer_dtype: id -> original dtype
+        self.buffer_orig = cast_buffers(model, config.buffer_dtype, keep=keep32)  # FSDP1: id -> original dtype
         self.low_grad = self.rdt != torch.float32    # the shard gradient needs an fp32 copy for the step
         self.enabled = True            # False inside no_sync
         # this rank produced a gradient since the last zero_grad (on the device: NCCL reduces no CPU tensor)
@@ -73,6 +77,13 @@ class ShardEngine:
         self.zero3: Optional[Any] = None
         with torch.no_grad():
             self._place()
+        self.mixed: Optional[Any] = None
+        if self.low:  # fp32 modules' cast hooks; frozen parameters into the compute dtype (mixed.py)
+            from .mixed import MixedEdges
+            from .units import _ignored_params
+            skip = _ignored_params(model, tuple(config.ignored_modules) + tuple(keep32))
+            self.mixed = MixedEdges(model, pdt, keep32, [p for _, p in self.replicated
+                                                          if not p.requires_grad and id(p) not in skip])
         nb = len(self.units)
         self.counter = _C.BucketCounter([nb - 1 - u.index for u in self.unit_of], max(nb, 1))
         self._handles = [e.param.register_post_accumulate_grad_hook(self._on_grad) for e in self.entries]
@@ -351,6 +362,8 @@ class ShardEngine:
             self.comm.all_gather(full, self.master_shard(u))
             for e, v in zip(u.entries, u.views(full)):
                 out[id(e.param)] = v
+        if self.mixed is not None:  # frozen parameters: their fp32 values, not the compute copies
+            out.update(self.mixed.frozen_master)
         return out
 
     def state_tensors(self) -> list[torch.Tensor]:
@@ -374,6 +387,8 @@ class ShardEngine:
         self._restore = []
         if self.zero3 is not None:
             self.zero3.remove()
+        if self.mixed is not None:
+            self.mixed.remove()
 
 
 def storage_bytes(tensors: list[torch.Tensor]) -> int:

@@ -60,14 +60,16 @@ def _hyper_keys(optimizer: torch.optim.Optimizer) -> list[tuple[int, str, int]]:
 def shadow_backward(engine: Any, replicated: Optional[Any], enabled: bool) -> None:
     """Stages 1/2: the collectives of one backward pass without a backward: every unit reduce-scattered in the order
     the engine's hooks issue them (stage 1 the full gradient buffer as it stands, stage 2 zeros: this rank's
-    parameters hold no gradient), then the replicated parameters' all-reduce (zeros) when the pass syncs."""
+    parameters hold no gradient), then the replicated parameters' all-reduce when the pass syncs: of their
+    gradients as they stand (what this rank accumulated before it ran out of inputs counts, as the units' do;
+    None: zeros), not DDP's join shadow, which drops them."""
     if engine.stage == 3:
         raise NotImplementedError("stage 3 mirrors a backward by replaying a forward (sharding/join.py ShardedJoin)")
     with torch.no_grad():
         engine._reduce_units(0, len(engine.units))
         engine.wait()
     if enabled and replicated is not None:
-        replicated.shadow()
+        replicated.sync_now()
 
 
 class ShardedJoin:
@@ -172,7 +174,7 @@ class ShardedJoin:
         self.precision = precision
         if self.shadowing or self.in_step:
             return False
-        if self.deferred is not None:
+        if self.agreement.skip_clip():  # deferred, as its clipping: with the others' next step
             return True
         self._exchange(UNSC, [self._index(optimizer)])
         return False

@@ -306,10 +306,13 @@ class ShardedDataParallel(BucketedDataParallel):
         sd = engine.model.state_dict(keep_vars=True)
         byname = dict(engine.model.named_parameters(remove_duplicate=False))
         whole = {k: t for k, t in sd.items() if id(byname.get(k)) not in engine.index}
+        if engine.mixed is not None:  # frozen parameters under a compute dtype: their fp32 values
+            whole = {k: engine.mixed.fp32(t) for k, t in whole.items()}
         owners = balanced_owners({k: t.numel() * t.element_size() for k, t in whole.items()}, self.state.num_processes)
         out = []
         for k, t in sd.items():
             if k in whole:
+                t = whole[k]
                 out.append(TensorSlice(k, tuple(t.shape), t.dtype, 0, t.detach().reshape(-1),
                                        owner=owners[k] == self.state.process_index))
                 continue
@@ -362,6 +365,8 @@ class ShardedDataParallel(BucketedDataParallel):
         engine = self._engine_of(model)
         if engine is not None:
             engine.after_step()
+            if engine.mixed is not None:
+                engine.mixed.refresh()
 
     def model_state_bytes(self, optimizers: Iterable[torch.optim.Optimizer] = ()) -> int:
         """Measured bytes of the model state this rank holds: parameters (full and shards), gradients and the

@@ -17,6 +17,12 @@
 # --hf runs the same loop under HF Accelerate (torch DDP, torch's Join; launch with torchrun).
 # --drop_unsynced gives our stage-0 DDP join's (torch DDP's) rule instead: a rank that runs out mid-accumulation
 # has the micro-batches it accumulated unsynced dropped, unless its last batch wanted a sync the others deferred.
+# --fp16: mixed_precision="fp16" (an fp16 compute copy, BatchNorm in fp32, loss scaling: torch's GradScaler through
+# the FSDP face, DeepSpeed's fp16 block through the DeepSpeed face, both starting at 1024, halving on an overflow,
+# hysteresis 1 and no growth within the run); --inject T:R puts an inf into one gradient element of rank R at
+# micro-step T. Each rank writes record<r>.json: (skipped, scale) after each of its synced steps and its scale after
+# the join. The reference's rules: the same fp16 copies (sharded_train.compute_copy), gradients unscaled in fp32, a
+# step with a non-finite gradient skipped (the gradients still zeroed) and the scale halved.
 import argparse
 import json
 import os
@@ -37,7 +43,10 @@ def data(t: int, r: int) -> tuple:
     return x, x.sum(dim=1, keepdim=True).sin()
 
 
-def optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+def optimizer(model: torch.nn.Module, kind: str = "adamw") -> torch.optim.Optimizer:
+    # sgd: with --fp16, where AdamW would turn the fp16 rounding of a near-zero gradient into an lr-sized step
+    if kind == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     return torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
 
 
@@ -58,15 +67,32 @@ def synced(t: int, ga: int, steps: list, loader: bool) -> bool:
     return all((t + 1) % ga == 0 or (loader and t == steps[r] - 1) for r in range(len(steps)) if steps[r] > t)
 
 
+INIT_SCALE = 1024.0
+
+
+def injected(args: argparse.Namespace) -> tuple:
+    """--inject T:R -> (T, R); (-1, -1) without."""
+    if not args.inject:
+        return -1, -1
+    t, r = args.inject.split(":")
+    return int(t), int(r)
+
+
 def emulate(steps: list, ga: int, out: str, args: argparse.Namespace) -> None:
     world = len(steps)
     model = build()
-    opt = optimizer(model)
+    opt = optimizer(model, args.optim)
     sched = scheduler(opt) if args.sched else None
     per_rank = [{k: v.clone() for k, v in model.named_buffers()} for _ in range(world)]
     losses: list = [[] for _ in range(world)]
     unsynced = [[torch.zeros_like(p) for p in model.parameters()] for _ in range(world)]  # since the last step
+    records: list = [[] for _ in range(world)]
+    scale, inject = INIT_SCALE, injected(args)
     synced_prev = True
+    if args.fp16:
+        from types import SimpleNamespace
+        from sharded_train import compute_copy
+        mp = SimpleNamespace(bf16=False, fp16=True, bn_low=False, buffer_bf16=False)
     for t in range(max(steps)):
         active = [r for r in range(world) if steps[r] > t]
         if synced_prev:
@@ -77,11 +103,22 @@ def emulate(steps: list, ga: int, out: str, args: argparse.Namespace) -> None:
                 b.copy_(per_rank[r][k])
             x, y = data(t, r)
             before = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            (loss / (ga * world)).backward()
+            if args.fp16:  # the fp16 copy's gradients, unscaled in fp32
+                copy = compute_copy(model, mp)
+                loss = torch.nn.functional.mse_loss(copy(x.half()), y)
+                (loss * scale / (ga * world)).backward()
+                for p, q in zip(model.parameters(), copy.parameters()):
+                    g = q.grad.float() / scale
+                    p.grad = g if p.grad is None else p.grad + g
+                if (t, r) == inject:
+                    model[3].weight.grad.view(-1)[-1] = float("inf")
+                per_rank[r] = {k: v.clone() for k, v in copy.named_buffers()}
+            else:
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                (loss / (ga * world)).backward()
+                per_rank[r] = {k: v.clone() for k, v in model.named_buffers()}
             for u, p, b in zip(unsynced[r], model.parameters(), before):
                 u += p.grad - b
-            per_rank[r] = {k: v.clone() for k, v in model.named_buffers()}
             losses[r].append(loss.item())
         synced_prev = synced(t, ga, steps, args.loader)
         for r in active:  # torch DDP's joined rank contributes zeros: what it accumulated unsynced is dropped
@@ -90,11 +127,18 @@ def emulate(steps: list, ga: int, out: str, args: argparse.Namespace) -> None:
                 for u, p in zip(unsynced[r], model.parameters()):
                     p.grad -= u
         if synced_prev:
-            if args.clip or args.ds_clip:
+            finite = all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+            if finite and (args.clip or args.ds_clip):
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip or args.ds_clip)
-            opt.step()
+            if finite:
+                opt.step()
+            else:
+                scale /= 2
             opt.zero_grad()
             unsynced = [[torch.zeros_like(p) for p in model.parameters()] for _ in range(world)]
+            for r in active:
+                if (t + 1) % ga == 0 or (args.loader and t == steps[r] - 1):
+                    records[r].append([not finite, scale])
             for _ in range(world if sched is not None else 0):  # HF's AcceleratedScheduler: once per process
                 sched.step()
     src = max(r for r in range(world) if steps[r] == max(steps))
@@ -102,6 +146,9 @@ def emulate(steps: list, ga: int, out: str, args: argparse.Namespace) -> None:
         b.copy_(per_rank[src][k])
     for r in range(world):
         save(out, r, model, losses[r])
+        if args.fp16:
+            with open(os.path.join(out, f"record{r}.json"), "w") as f:
+                json.dump({"steps": records[r], "final_scale": scale}, f)
 
 
 def plugins(args: argparse.Namespace, ga: int, world: int) -> dict:
@@ -116,6 +163,8 @@ def plugins(args: argparse.Namespace, ga: int, world: int) -> dict:
           "zero_optimization": {"stage": int(stage)}}
     if args.ds_clip:
         ds["gradient_clipping"] = args.ds_clip
+    if args.fp16:  # 2**10, halved at each overflow (hysteresis 1), no growth within the run
+        ds["fp16"] = {"enabled": True, "initial_scale_power": 10, "hysteresis": 1, "loss_scale_window": 1000}
     return {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=ds)}
 
 
@@ -131,7 +180,12 @@ def distributed(steps: list, ga: int, out: str, args: argparse.Namespace) -> Non
         from accelerate import Accelerator
     else:
         from accelerate_c import Accelerator
-    acc = Accelerator(cpu=True, gradient_accumulation_steps=ga, **plugins(args, ga, len(steps)))
+    mp: dict = {}
+    if args.fp16:
+        from accelerate_c.utils import GradScalerKwargs
+        mp = {"mixed_precision": "fp16",
+              "kwargs_handlers": [GradScalerKwargs(init_scale=INIT_SCALE, growth_interval=1000)]}
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=ga, **mp, **plugins(args, ga, len(steps)))
     r = acc.process_index
     assert acc.num_processes == len(steps)
     if args.sharding:
@@ -141,8 +195,18 @@ def distributed(steps: list, ga: int, out: str, args: argparse.Namespace) -> Non
         if args.wrap == "size":  # each Linear and the BatchNorm a unit of its own, the root takes the rest
             acc.strategy.config = dataclasses.replace(acc.strategy.config, auto_wrap_policy="size_based_wrap",
                                                       min_num_params=20)
+        if args.ignore:  # the last Linear kept out of the units (replicated, averaged as DDP's): the same math
+            acc.strategy.config = dataclasses.replace(acc.strategy.config, ignored_modules=("3",))
     model = build()
-    objs = [model, optimizer(model)]
+    inject, current = injected(args), {"t": -1}
+    if r == inject[1]:
+        def hook(g: torch.Tensor) -> torch.Tensor:
+            if current["t"] == inject[0]:
+                g = g.clone()
+                g.view(-1)[-1] = float("inf")
+            return g
+        model[3].weight.register_hook(hook)
+    objs = [model, optimizer(model, args.optim)]
     if args.sched:
         objs.append(scheduler(objs[1]))
     if args.loader:
@@ -158,9 +222,10 @@ def distributed(steps: list, ga: int, out: str, args: argparse.Namespace) -> Non
         joinables = [model]
     sched = rest[0] if args.sched else None
     batches = rest[-1] if args.loader else (data(t, r) for t in range(steps[r]))
-    losses = []
+    losses, records = [], []
     with acc.join_uneven_inputs(joinables, even_batches=False):
         for t, (x, y) in enumerate(batches):
+            current["t"] = t
             ex, ey = data(t, r)
             assert torch.equal(x, ex) and torch.equal(y, ey), f"rank {r}: batch {t} is not the one expected"
             with acc.accumulate(model):
@@ -172,7 +237,13 @@ def distributed(steps: list, ga: int, out: str, args: argparse.Namespace) -> Non
                 if sched is not None:
                     sched.step()
                 opt.zero_grad()
+                if args.fp16 and acc.sync_gradients:
+                    records.append([bool(acc.optimizer_step_was_skipped), float(acc.scaler.get_scale())])
             losses.append(loss.item())
+    if args.fp16:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, f"record{r}.json"), "w") as f:
+            json.dump({"steps": records, "final_scale": float(acc.scaler.get_scale())}, f)
     if args.sharding:  # full weights gathered unit by unit (collective under stage 3)
         sd = {k: v.detach().clone() for k, v in acc.get_state_dict(model).items()}
         flat = torch.cat([v.reshape(-1).float() for v in sd.values()]).unsqueeze(0)
@@ -203,6 +274,10 @@ def main() -> None:
     p.add_argument("--ds_clip", type=float, default=0.0, help="DeepSpeed's gradient_clipping")
     p.add_argument("--sched", action="store_true", help="a LambdaLR scheduler stepped after each step")
     p.add_argument("--loader", action="store_true", help="a prepared DataLoader (even_batches=False)")
+    p.add_argument("--optim", choices=("adamw", "sgd"), default="adamw")
+    p.add_argument("--ignore", action="store_true", help="ignored_modules: the last Linear (replicated)")
+    p.add_argument("--fp16", action="store_true", help="mixed_precision fp16 (loss scaling)")
+    p.add_argument("--inject", default="", help="T:R: an inf in one gradient element of rank R at micro-step T")
     p.add_argument("--second_model", action="store_true", help="join a second prepared model too")
     p.add_argument("--hf", action="store_true", help="run HF Accelerate (torch DDP and torch's Join) instead")
     p.add_argument("--drop_unsynced", action="store_true", help="--emulate with torch DDP's rule (stage 0): a rank "

@@ -16,6 +16,10 @@
 #   on one process (no plugin, fp32 weights). stats<r>.json then lists the fp8 layers, whether their weights view
 #   the engine's unit buffers, and each rank's amax histories; --resume_check: save_state, one more step, load_state,
 #   the same step again (resume<r>.json: both losses, whether the weights came out the same).
+# Mixed precision (--bf16 / --fp16): the reference's compute copy (compute_copy) has every parameter in the compute
+# dtype, frozen ones too (FSDP2), but BatchNorm modules in fp32 with their inputs cast to fp32 and their outputs back
+# (FSDP1's _module_classes_to_ignore; --bn_low: BatchNorm in the compute dtype too). --fp16: a static loss scale of
+# 1024 on both sides (the distributed run records that no step was skipped).
 # With --emulate N on one process the same run is computed without communication: per-rank buffers follow DDP's
 # broadcast_buffers rule, gradients are the average over ranks, optimizer AdamW or SGD with momentum, clipping
 # torch's clip_grad_norm_. Output in --out: losses.json, weights.safetensors, optim.safetensors ("<param>/<key>"),
@@ -98,17 +102,44 @@ def make_optimizer(params: list, kind: str) -> torch.optim.Optimizer:
                              lr=1e-2, eps=1e-4)  # eps: a zero-mean gradient (attention key bias) stays ~0
 
 
-def eval_loss(kind: str, model: torch.nn.Module, bf16: bool = False, fp32_buffers: bool = False) -> float:
-    """A loss in eval mode under no_grad (stage 3 gathers each unit for it and frees it after)."""
+def eval_loss(kind: str, model: torch.nn.Module, args: argparse.Namespace = None) -> float:
+    """A loss in eval mode under no_grad (stage 3 gathers each unit for it and frees it after); args: the
+    reference's compute copy of a mixed-precision run."""
     model.eval()
     with torch.no_grad():
         xb, yb = batch(kind, 999, 4)
-        m = pycopy.deepcopy(model).to(torch.bfloat16) if bf16 else model
-        if bf16 and fp32_buffers:
-            keep_buffers(m, model)
-        out = loss_of(kind, m, xb.bfloat16() if bf16 and xb.is_floating_point() else xb, yb, 1).item()
+        dt = compute_dtype(args) if args is not None else None
+        m = compute_copy(model, args) if dt else model
+        out = loss_of(kind, m, xb.to(dt) if dt and xb.is_floating_point() else xb, yb, 1).item()
     model.train()
     return out
+
+
+def compute_dtype(args: argparse.Namespace):
+    # fp8: the engine computes on a bf16 copy (mixed_precision fp8 -> param_dtype bf16)
+    return torch.bfloat16 if args.bf16 or args.fp8 else torch.float16 if args.fp16 else None
+
+
+def compute_copy(model: torch.nn.Module, args: argparse.Namespace) -> torch.nn.Module:
+    """The reference's low-precision copy: every parameter in the compute dtype (frozen ones too), buffers only
+    under --buffer_bf16; BatchNorm in fp32 (unless --bn_low), its inputs cast to fp32 and its outputs to the
+    compute dtype."""
+    dt = compute_dtype(args)
+    copy = pycopy.deepcopy(model)
+    bn = torch.nn.modules.batchnorm._BatchNorm
+    bns = set() if args.bn_low else {id(m) for m in copy.modules() if isinstance(m, bn)}
+    for m in copy.modules():
+        if id(m) in bns:
+            m.register_forward_pre_hook(lambda mod, a: tuple(x.float() for x in a))
+            m.register_forward_hook(lambda mod, a, out: out.to(dt))
+            continue
+        for p in m._parameters.values():
+            if p is not None:
+                p.data = p.data.to(dt)
+        for k, b in m._buffers.items():
+            if b is not None and b.is_floating_point() and args.buffer_bf16:
+                m._buffers[k] = b.to(dt)
+    return copy
 
 
 def optim_state(model: torch.nn.Module, opts: list) -> dict:
@@ -147,7 +178,6 @@ def emulate(args: argparse.Namespace) -> None:
         from accelerate_c.fp8 import FP8Config, convert_to_fp8
         convert_to_fp8(model, FP8Config.from_handler(fp8_handler(args)))
         scaling = [pycopy.deepcopy(fp8_states(model)) for _ in range(n)]
-    half = args.bf16 or args.fp8  # fp8: the engine computes on a bf16 copy (mixed_precision fp8 -> param_dtype bf16)
 
     def load(r: int) -> None:
         for name, b in model.named_buffers():
@@ -165,19 +195,20 @@ def emulate(args: argparse.Namespace) -> None:
         total = 0.0
         for r in range(n):
             load(r)
-            if half:  # a bf16 compute copy of the fp32 master, its gradients accumulated in fp32
-                copy = pycopy.deepcopy(model).to(torch.bfloat16)
-                if scaling is not None:  # (and the buffers stay in their dtype, as the engine keeps them)
+            if args.bf16 or args.fp16 or args.fp8:  # a compute copy of the fp32 master, its gradients in fp32
+                copy, dt = compute_copy(model, args), compute_dtype(args)
+                scale = 1024.0 if args.fp16 else 1.0
+                if scaling is not None:  # fp8: this rank's own scaling state
                     set_fp8_states(copy, scaling[r])
-                    keep_buffers(copy, model)
                 x = chunk(xb, r, n)
-                loss = loss_of(kind, copy, x.bfloat16() if x.is_floating_point() else x, chunk(yb, r, n), m)
-                (loss / (args.grad_accum * n)).backward()
-                if args.buffer_bf16:  # the buffers live in bf16 (FSDP1 buffer_dtype), per rank as DDP's
-                    per_rank[r] = {k: v.clone() for k, v in copy.named_buffers()}
+                loss = loss_of(kind, copy, x.to(dt) if x.is_floating_point() else x, chunk(yb, r, n), m)
+                (loss * scale / (args.grad_accum * n)).backward()
+                # the buffers (in bf16 under FSDP1 buffer_dtype), per rank as DDP's
+                per_rank[r] = {k: v.clone() for k, v in copy.named_buffers()}
                 for p, q in zip(model.parameters(), copy.parameters()):
                     if q.grad is not None:
-                        p.grad = q.grad.float() if p.grad is None else p.grad + q.grad.float()
+                        g = q.grad.float() / scale
+                        p.grad = g if p.grad is None else p.grad + g
                 total += loss.item() / n
                 continue
             loss = loss_of(kind, model, chunk(xb, r, n), chunk(yb, r, n), m)
@@ -195,7 +226,7 @@ def emulate(args: argparse.Namespace) -> None:
     load(0)
     if scaling is not None:
         set_fp8_states(model, scaling[0])  # (the eval loss below is rank 0's)
-    write(args, losses + [eval_loss(kind, model, half, args.fp8)], model.state_dict(), optim_state(model, opts))
+    write(args, losses + [eval_loss(kind, model, args)], model.state_dict(), optim_state(model, opts))
 
 
 def fp8_handler(args: argparse.Namespace) -> Any:
@@ -207,14 +238,6 @@ def fp8_handler(args: argparse.Namespace) -> Any:
     return FP8RecipeKwargs(fp8_format=parts[0], use_delayed_scaling=len(parts) > 1 and parts[1] == "delayed",
                            amax_history_len=int(parts[2]) if len(parts) > 2 else None,
                            amax_compute_algo=parts[3] if len(parts) > 3 else None)
-
-
-def keep_buffers(copy: torch.nn.Module, model: torch.nn.Module) -> None:
-    orig = dict(model.named_modules())
-    for name, mod in copy.named_modules():
-        for k, b in list(mod._buffers.items()):
-            if b is not None:
-                mod._buffers[k] = orig[name]._buffers[k].clone()
 
 
 def fp8_states(model: torch.nn.Module) -> dict:
@@ -299,14 +322,25 @@ def distributed(args: argparse.Namespace) -> None:
             ds["gradient_clipping"] = args.ds_clip
         if args.bf16:
             ds["bf16"] = {"enabled": True}
+        if args.ds_comm:  # DeepSpeed's communication_data_type: the reduce dtype
+            ds["communication_data_type"] = args.ds_comm
+        if args.fp16:  # a static-looking dynamic scale: 2**10, growth only after 1000 clean steps
+            ds["fp16"] = {"enabled": True, "initial_scale_power": 10, "loss_scale_window": 1000}
         # (--fp8: the Accelerator's mixed_precision="fp8" fills DeepSpeed's bf16 block, as HF does)
         plugins = {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=ds, zero3_init_flag=args.construct_flag)}
     # bf16 through the DeepSpeed face: the Accelerator's mixed_precision; through the FSDP face: param_dtype
     mp = "bf16" if args.bf16 and args.face == "ds" else "no"
-    mp = "fp8" if args.fp8 else mp
-    handler = fp8_handler(args) if args.fp8 else None
+    handlers = []
+    if args.fp16:  # the Accelerator's fp16 (both faces): an fp16 compute copy, loss scaling
+        mp = "fp16"
+        from accelerate_c.utils import GradScalerKwargs
+        handlers = [GradScalerKwargs(init_scale=1024.0, growth_interval=1000)]
+    if args.fp8:
+        mp = "fp8"
+        handler = fp8_handler(args)
+        handlers += [handler] if handler else []
     acc = Accelerator(cpu=True, gradient_accumulation_steps=args.grad_accum, mixed_precision=mp,
-                      kwargs_handlers=[handler] if handler else None, **plugins)
+                      kwargs_handlers=handlers or None, **plugins)
     # The wrap policy is set on the engine's config directly (the plugins' auto-wrap fields are mapped by the
     # configuration-faces work); everything else comes from the plugin.
     policy, cls, min_params = WRAPS[args.wrap]
@@ -318,6 +352,8 @@ def distributed(args: argparse.Namespace) -> None:
                                               # FSDP2's reshard_after_forward=False on FULL_SHARD (the FSDP face maps
                                               # a plugin's False to SHARD_GRAD_OP, as `accelerate to-fsdp2` does)
                                               reshard_after_forward=not args.no_reshard)
+    if args.bn_low:  # FSDP1's MixedPrecision(_module_classes_to_ignore=()): BatchNorm in the compute dtype too
+        acc.strategy.config = dataclasses.replace(acc.strategy.config, fp32_module_classes=())
     if args.reduce_fp32 and args.face == "ds":  # (no DeepSpeed key is mapped to it: the engine's config field)
         acc.strategy.config = dataclasses.replace(acc.strategy.config, reduce_dtype=torch.float32)
     assert acc.strategy.name == "sharded" and acc.strategy.stage == args.stage, (acc.strategy.name, args.stage)
@@ -335,7 +371,7 @@ def distributed(args: argparse.Namespace) -> None:
                        "max_unit": 4 * max(u.padded for u in acc.strategy.engines[0].units)}, f)
     else:
         model, *opts = acc.prepare(model, *optims)
-    losses, per_step = [], []
+    losses, per_step, skipped = [], [], []
     for m in range(args.steps * args.grad_accum):
         xb, yb = batch(kind, m, args.global_batch)
         with acc.accumulate(model):
@@ -348,6 +384,7 @@ def distributed(args: argparse.Namespace) -> None:
                 opt.zero_grad()
         if acc.sync_gradients:
             per_step.append(acc.strategy.bytes_last_step)
+            skipped.append(bool(acc.optimizer_step_was_skipped))
         losses.append(acc.reduce(loss.detach(), reduction="mean").item())
     losses.append(eval_loss(kind, model))
     strategy = acc.strategy
@@ -365,7 +402,8 @@ def distributed(args: argparse.Namespace) -> None:
              "max_unit_padded": max(u.padded for u in engine.units), "units": len(engine.units),
              "world": n, "calls": engine.comm.calls,
              "buffer_dtypes": {k: str(b.dtype) for k, b in acc.unwrap_model(model).named_buffers()},
-             "reduce_dtype": str(engine.rdt)}
+             "reduce_dtype": str(engine.rdt), "skipped": skipped,
+             "param_dtypes": {k: str(p.dtype) for k, p in acc.unwrap_model(model).named_parameters()}}
     if args.fp8:
         stats.update(fp8_report(acc, model))
     os.makedirs(args.out, exist_ok=True)
@@ -453,6 +491,9 @@ def main() -> None:
     p.add_argument("--reduce_fp32", action="store_true", help="with --bf16: reduce_dtype float32 (FSDP: the policy)")
     p.add_argument("--reduce_bf16", action="store_true", help="fp32 parameters, reduce_dtype bf16 (FSDP face)")
     p.add_argument("--buffer_bf16", action="store_true", help="with --bf16: FSDP1 MixedPrecision buffer_dtype bf16")
+    p.add_argument("--fp16", action="store_true", help="mixed_precision fp16: an fp16 compute copy, loss scale 1024")
+    p.add_argument("--bn_low", action="store_true", help="with --bf16: BatchNorm in the compute dtype (not fp32)")
+    p.add_argument("--ds_comm", default="", help="DeepSpeed face: communication_data_type (fp32, fp16, bf16)")
     p.add_argument("--two_opt", action="store_true", help="two optimizers over halves of the parameters")
     p.add_argument("--hybrid", action="store_true", help="FSDP HYBRID_SHARD(_ZERO2): shard in a host, replicate across")
     p.add_argument("--no_reshard", action="store_true", help="FSDP reshard_after_forward=False")
