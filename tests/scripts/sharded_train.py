@@ -117,7 +117,7 @@ def eval_loss(kind: str, model: torch.nn.Module, args: argparse.Namespace = None
 
 def compute_dtype(args: argparse.Namespace):
     # fp8: the engine computes on a bf16 copy (mixed_precision fp8 -> param_dtype bf16)
-    return torch.bfloat16 if args.bf16 or args.fp8 else torch.float16 if args.fp16 else None
+    return torch.bfloat16 if args.bf16 or getattr(args, "fp8", False) else torch.float16 if args.fp16 else None
 
 
 def compute_copy(model: torch.nn.Module, args: argparse.Namespace) -> torch.nn.Module:
