@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import SCRIPTS
-from test_sharded_engine import _check, _reference
+from test_sharded_engine import _reference, run_case
 
 sys.path.insert(0, SCRIPTS)
 from sharded_train import build  # noqa: E402
@@ -56,12 +56,7 @@ def _ref_args(args: list) -> list:
 
 @pytest.mark.parametrize("model,face,stage,nproc,extra", CASES, ids=[_id(c) for c in CASES])
 def test_meta_model_trains_like_one_process(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra):
-    args = ["--model", model, "--global_batch", str(4 * nproc)] + extra
-    ref = _reference(run, tmp_path_factory, _ref_args(args), nproc)
-    got = tmp_path / "got"
-    run("sharded_train.py", args + ["--face", face, "--stage", str(stage), "--out", str(got)], nproc=nproc,
-        launcher="accelerate_c", timeout=180)
-    _check(ref, got, model, stage, nproc, extra)
+    run_case(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra, _ref_args)
 
 
 def test_meta_seeds_differ_so_rank0_values_are_the_proof():

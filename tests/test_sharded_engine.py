@@ -80,8 +80,13 @@ def _id(case: tuple) -> str:
 
 @pytest.mark.parametrize("model,face,stage,nproc,extra", CASES, ids=[_id(c) for c in CASES])
 def test_stage_trains_like_one_process(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra):
+    run_case(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra, _ref_args)
+
+
+def run_case(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra, ref_args) -> None:
+    """One case: the reference (ref_args(args): its arguments) and the distributed run, then _check."""
     args = ["--model", model, "--global_batch", str(4 * nproc)] + extra
-    ref = _reference(run, tmp_path_factory, _ref_args(args), nproc)
+    ref = _reference(run, tmp_path_factory, ref_args(args), nproc)
     got = tmp_path / "got"
     run("sharded_train.py", args + ["--face", face, "--stage", str(stage), "--out", str(got)], nproc=nproc,
         launcher="accelerate_c", timeout=180)

@@ -280,19 +280,30 @@ def one_process(args: argparse.Namespace) -> None:
     model = build(kind)
     optims = make_optimizers(model, args.optim, args.two_opt)
     model, *opts = acc.prepare(model, *optims)
-    losses = []
+    losses, _, _ = train(acc, model, opts, args)
+    write(args, losses + [eval_loss(kind, model)], acc.unwrap_model(model).state_dict(), {})
+
+
+def train(acc: Any, model: torch.nn.Module, opts: list, args: argparse.Namespace) -> tuple[list, list, list]:
+    """The user's loop over this rank's chunk of each global batch: (the losses averaged over the ranks, the bytes
+    moved by each synced step (None without the sharded strategy), whether each synced step was skipped)."""
+    n, r, kind = acc.num_processes, acc.process_index, args.model
+    losses, per_step, skipped = [], [], []
     for m in range(args.steps * args.grad_accum):
         xb, yb = batch(kind, m, args.global_batch)
         with acc.accumulate(model):
-            loss = loss_of(kind, model, xb, yb, m)
+            loss = loss_of(kind, model, chunk(xb, r, n), chunk(yb, r, n), m)
             acc.backward(loss)
             if acc.sync_gradients and args.clip:
                 acc.clip_grad_norm_(model.parameters(), args.clip)
             for opt in opts:
                 opt.step()
                 opt.zero_grad()
-        losses.append(loss.item())
-    write(args, losses + [eval_loss(kind, model)], acc.unwrap_model(model).state_dict(), {})
+        if acc.sync_gradients:
+            per_step.append(getattr(acc.strategy, "bytes_last_step", None))
+            skipped.append(bool(acc.optimizer_step_was_skipped))
+        losses.append(acc.reduce(loss.detach(), reduction="mean").item())
+    return losses, per_step, skipped
 
 
 def distributed(args: argparse.Namespace) -> None:
@@ -371,21 +382,7 @@ def distributed(args: argparse.Namespace) -> None:
                        "max_unit": 4 * max(u.padded for u in acc.strategy.engines[0].units)}, f)
     else:
         model, *opts = acc.prepare(model, *optims)
-    losses, per_step, skipped = [], [], []
-    for m in range(args.steps * args.grad_accum):
-        xb, yb = batch(kind, m, args.global_batch)
-        with acc.accumulate(model):
-            loss = loss_of(kind, model, chunk(xb, r, n), chunk(yb, r, n), m)
-            acc.backward(loss)
-            if acc.sync_gradients and args.clip:
-                acc.clip_grad_norm_(model.parameters(), args.clip)
-            for opt in opts:
-                opt.step()
-                opt.zero_grad()
-        if acc.sync_gradients:
-            per_step.append(acc.strategy.bytes_last_step)
-            skipped.append(bool(acc.optimizer_step_was_skipped))
-        losses.append(acc.reduce(loss.detach(), reduction="mean").item())
+    losses, per_step, skipped = train(acc, model, opts, args)
     losses.append(eval_loss(kind, model))
     strategy = acc.strategy
     if args.stage == 0:  # NO_SHARD: our DDP, nothing of the engine's to report
