@@ -348,16 +348,22 @@ static int cast_chunk(void *ctx, size_t b, size_t e, int chunk) {
     return 0;
 }
 
+/* a context with no scale and no amax, at the current SIMD level (acc_cast adds its options) */
+static void cast_ctx_init(cast_ctx *c, const void *src, acc_dtype sd, void *dst, acc_dtype dd, int nt) {
+    static const cast_ctx zero;
+    *c = zero;
+    c->src = src;
+    c->dst = dst;
+    c->sd = sd;
+    c->dd = dd;
+    c->scale = 1.0f;
+    c->nt = nt;
+    c->level = acc_simd_level_get();
+}
+
 void acc_cast_span(const void *src, acc_dtype src_dtype, void *dst, acc_dtype dst_dtype, size_t n, int nt) {
-    static cast_ctx zero;
-    cast_ctx c = zero;
-    c.src = src;
-    c.dst = dst;
-    c.sd = src_dtype;
-    c.dd = dst_dtype;
-    c.scale = 1.0f;
-    c.nt = nt;
-    c.level = acc_simd_level_get();
+    cast_ctx c;
+    cast_ctx_init(&c, src, src_dtype, dst, dst_dtype, nt);
     if (n) (void)cast_chunk(&c, 0, n, 0);
 }
 
@@ -424,17 +430,11 @@ acc_status acc_cast(const void *src, acc_dtype src_dtype, void *dst, acc_dtype d
         acc_set_error("acc_cast: in-place cast needs equal element sizes");
         return ACC_ERR_ARG;
     }
-    static cast_ctx zero;
-    cast_ctx c = zero;
-    c.src = src;
-    c.dst = dst;
-    c.sd = src_dtype;
-    c.dd = dst_dtype;
+    cast_ctx c;
+    cast_ctx_init(&c, src, src_dtype, dst, dst_dtype, n * acc_dtype_size(dst_dtype) >= ACC_CAST_NT_BYTES);
     c.has_scale = scale != NULL;
     c.scale = scale ? *scale : 1.0f;
     c.has_amax = amax_out != NULL;
-    c.level = acc_simd_level_get();
-    c.nt = n * acc_dtype_size(dst_dtype) >= ACC_CAST_NT_BYTES;
     if (!(src == dst)) advise_huge(dst, n * acc_dtype_size(dst_dtype));
     int chunks = 1;
     int rc = n ? acc_parallel_for(n, nthreads, MIN_PER_THREAD, cast_chunk, &c, &chunks) : 0;
