@@ -117,15 +117,11 @@ class ShardEngine:
             self._restore.append((u.module, inner))
 
     def _cast_inputs(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
-        def cast(x: Any) -> Any:
-            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != self.pdt:
-                return x.to(self.pdt)
-            if isinstance(x, (list, tuple)):
-                return type(x)(cast(v) for v in x)
-            if isinstance(x, dict):
-                return {k: cast(v) for k, v in x.items()}
-            return x
-        return cast(args), cast(kwargs)
+        from ..utils.operations import recursively_apply
+
+        def cast(x: torch.Tensor) -> torch.Tensor:
+            return x.to(self.pdt) if x.is_floating_point() and x.dtype != self.pdt else x
+        return recursively_apply(cast, args), recursively_apply(cast, kwargs)
 
     # -- buffers -----------------------------------------------------------------------------------------
     def _place(self) -> None:

@@ -16,6 +16,8 @@ from typing import Any, Iterable, Optional
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..utils.operations import recursively_apply
+
 FP32_MODULE_CLASSES: tuple[type, ...] = (_BatchNorm,)
 
 
@@ -26,16 +28,6 @@ def fp32_modules(model: torch.nn.Module, classes: Optional[Iterable[type]]) -> l
         if not (isinstance(c, type) and issubclass(c, torch.nn.Module)):
             raise TypeError(f"sharded engine: fp32_module_classes must be torch.nn.Module subclasses; got {c!r}")
     return [m for m in model.modules() if classes and isinstance(m, classes)]
-
-
-def _apply(fn: Any, obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_apply(fn, v) for v in obj)
-    if isinstance(obj, dict):
-        return type(obj)((k, _apply(fn, v)) for k, v in obj.items())
-    return obj
 
 
 class MixedEdges:
@@ -65,13 +57,13 @@ class MixedEdges:
                 return x
             self._in_dtype[id(module)] = x.dtype
             return x.float()
-        return _apply(cast, args)
+        return recursively_apply(cast, args)
 
     def _back(self, module: torch.nn.Module, args: tuple, output: Any) -> Any:
         dt = self._in_dtype.get(id(module))
         if dt is None:  # no low-precision floating input: nothing to cast back (as FSDP1)
             return output
-        return _apply(lambda x: x.to(dt) if x.is_floating_point() and x.dtype != dt else x, output)
+        return recursively_apply(lambda x: x.to(dt) if x.is_floating_point() and x.dtype != dt else x, output)
 
     def fp32(self, t: torch.Tensor) -> torch.Tensor:
         """A frozen parameter's fp32 value (any other tensor unchanged)."""
