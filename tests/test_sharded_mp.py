@@ -171,3 +171,33 @@ def test_communication_data_type_values():
     for bad in ("fp8", "float32", 16, "auto"):
         with pytest.raises(DeepSpeedConfigError, match="communication_data_type"):
             validate_config({"communication_data_type": bad})
+
+
+def test_fp32_module_output_follows_each_calls_input():
+    """A BatchNorm kept in fp32 casts its output back to the dtype of *this* call's input: a bf16 call followed by an
+    fp32 one (e.g. evaluation on fp32 features) returns fp32 (the bf16 dtype of the earlier call lingered before);
+    a named tuple's tensors are cast too, its type kept."""
+    from collections import namedtuple
+
+    from accelerate_c.sharding.mixed import MixedEdges
+    bn = torch.nn.BatchNorm1d(4)
+    model = torch.nn.Sequential(bn)
+    edges = MixedEdges(model, torch.bfloat16, [bn], [])
+    try:
+        assert model(torch.randn(3, 4, dtype=torch.bfloat16)).dtype == torch.bfloat16
+        assert model(torch.randn(3, 4)).dtype == torch.float32
+    finally:
+        edges.remove()
+    pair = namedtuple("pair", "x tag")
+
+    class PairNorm(torch.nn.BatchNorm1d):
+        def forward(self, p):
+            assert p.x.dtype == torch.float32  # the pre-hook cast inside the named tuple
+            return pair(super().forward(p.x), p.tag)
+    pn = PairNorm(4)
+    edges = MixedEdges(pn, torch.bfloat16, [pn], [])
+    try:
+        out = pn(pair(torch.randn(3, 4, dtype=torch.bfloat16), "t"))
+        assert type(out) is pair and out.x.dtype == torch.bfloat16 and out.tag == "t"
+    finally:
+        edges.remove()

@@ -52,6 +52,8 @@ class MixedEdges:
                     p.data = p.data.to(pdt)
 
     def _to_fp32(self, module: torch.nn.Module, args: tuple) -> tuple:
+        self._in_dtype.pop(id(module), None)  # this call's inputs decide (a previous call's must not linger)
+
         def cast(x: torch.Tensor) -> torch.Tensor:
             if not x.is_floating_point() or x.dtype == torch.float32:
                 return x
