@@ -245,8 +245,7 @@ class Strategy:
                              "`stage3_gather_16bit_weights_on_model_save` to True in DeepSpeed config file or set "
                              "`zero3_save_16bit_model` to True when using `accelerate config`. To save the full "
                              "checkpoint, use `accelerator.save_state`.")
-        mp = str(getattr(self.state, "mixed_precision", "no"))
-        return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(mp)
+        return compute_dtype(self.state)
 
     def model_slices(self, model: torch.nn.Module) -> list:
         """The model's logical tensors as this rank holds them (checkpointing/slices.py): here every tensor whole,
@@ -301,6 +300,14 @@ class Strategy:
 
     def close(self) -> None:
         """Release communication resources (end_training)."""
+
+
+def compute_dtype(state: Any) -> Optional[torch.dtype]:
+    """The low-precision dtype the run's mixed_precision computes weights in (fp8: bf16 weights, as HF; the
+    plugins' own table, MIXED_PRECISION_DTYPES), None for full precision."""
+    from ..utils.sharding_plugins import MIXED_PRECISION_DTYPES
+    dtype = MIXED_PRECISION_DTYPES.get(str(getattr(state, "mixed_precision", "no")))
+    return dtype if dtype is not None and dtype != torch.float32 else None
 
 
 def deepspeed_clipping(config: Mapping[str, Any]) -> Optional[float]:

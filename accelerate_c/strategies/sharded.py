@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import torch
 
 from . import register
-from .base import balanced_owners
+from .base import balanced_owners, compute_dtype
 from .ddp import DataParallelModule, GradSync
 from .ddp_bucketed import BucketedDataParallel
 from ..sharding.config import ShardedConfig
@@ -85,9 +85,9 @@ class ShardedDataParallel(BucketedDataParallel):
     def _engine_config(self) -> ShardedConfig:
         """The Accelerator's mixed_precision="bf16" / "fp16" means a bf16 / fp16 compute copy unless param_dtype
         says otherwise (HF: FSDP's set_mixed_precision, DeepSpeed's bf16 / fp16 block); fp32 master shards."""
-        mp = str(getattr(self.state, "mixed_precision", "no"))
-        if self.config.param_dtype is None and mp in ("bf16", "fp8", "fp16"):  # fp16: DeepSpeed's fp16 block too
-            return dataclasses.replace(self.config, param_dtype=torch.float16 if mp == "fp16" else torch.bfloat16)
+        dtype = compute_dtype(self.state)  # fp16: DeepSpeed's fp16 block too
+        if self.config.param_dtype is None and dtype is not None:
+            return dataclasses.replace(self.config, param_dtype=dtype)
         return self.config
 
     def _comm(self) -> Any:
