@@ -1,36 +1,47 @@
 # accelerate_c: a drop-in, faster Hugging Face Accelerate. `from accelerate_c import Accelerator` is the
 # one-line change; the hot paths are the C extension accelerate_c._C.
-# Not for: heavy imports at import time (checkpointing, the CLI and data loading load on first use).
+# Not for: heavy imports at import time (every public name, torch included, loads on first use).
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .accelerator import Accelerator
-from .state import AcceleratorState, GradientState, PartialState
-from .utils.dataclasses import (DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin,
-                                ProjectConfiguration)
-from .utils.kwargs_handlers import (AutocastKwargs, DDPCommunicationHookType, DistributedDataParallelKwargs,
-                                    FP8RecipeKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Every public name is resolved on first use (PEP 562), so `import accelerate_c` and the CLI
+# (`python -m accelerate_c launch ...`, which never needs torch itself) do not import torch up front.
+_LAZY = {
+    "Accelerator": ".accelerator",
+    "AcceleratorState": ".state", "GradientState": ".state", "PartialState": ".state",
+    "DataLoaderConfiguration": ".utils.dataclasses", "DistributedType": ".utils.dataclasses",
+    "GradientAccumulationPlugin": ".utils.dataclasses", "ProjectConfiguration": ".utils.dataclasses",
+    "AutocastKwargs": ".utils.kwargs_handlers", "DDPCommunicationHookType": ".utils.kwargs_handlers",
+    "DistributedDataParallelKwargs": ".utils.kwargs_handlers", "FP8RecipeKwargs": ".utils.kwargs_handlers",
+    "GradScalerKwargs": ".utils.kwargs_handlers", "InitProcessGroupKwargs": ".utils.kwargs_handlers",
+    "ProfileKwargs": ".utils.kwargs_handlers",
+    "skip_first_batches": ".data_loader",
+    "synchronize_rng_states": ".utils.random",
+    "find_executable_batch_size": ".utils.memory",
+    "FullyShardedDataParallelPlugin": ".utils", "DeepSpeedPlugin": ".utils",
+    "notebook_launcher": ".launchers", "debug_launcher": ".launchers",
+}
+
+if TYPE_CHECKING:  # the static view of the same names
+    from .accelerator import Accelerator
+    from .state import AcceleratorState, GradientState, PartialState
 
 
-def __getattr__(name: str):
-    # Lazily resolved names (keep `import accelerate_c` as cheap as `import torch`).
-    if name in ("skip_first_batches",):
-        from .data_loader import skip_first_batches
-        return skip_first_batches
-    if name in ("synchronize_rng_states",):
-        from .utils.random import synchronize_rng_states
-        return synchronize_rng_states
-    if name == "find_executable_batch_size":
-        from .utils.memory import find_executable_batch_size
-        return find_executable_batch_size
-    if name in ("FullyShardedDataParallelPlugin", "DeepSpeedPlugin"):
-        from . import utils
-        return getattr(utils, name)
-    if name in ("notebook_launcher", "debug_launcher"):
-        from . import launchers
-        return getattr(launchers, name)
-    raise AttributeError(f"module 'accelerate_c' has no attribute {name!r}")
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accelerate_c' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = ["Accelerator", "AcceleratorState", "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",

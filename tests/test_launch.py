@@ -704,3 +704,18 @@ def test_quiet_hides_torch_launcher_logs(tmp_path):
     assert rc == 1 and not TORCH_LOG_LINE.search(se), se
     assert "hello from rank 0" in so and "hello from rank 1" in so, so  # the script's own output is intact
     assert "ValueError: boom from rank 1" in se and "accelerate_c launch: rank 1 " in se, se
+
+
+def test_import_and_cli_help_do_not_import_torch():
+    """`import accelerate_c` resolves its public names on first use, so the CLI's commands that never touch torch
+    (--help, config, env) start without paying for it; the first use of a name imports what it needs."""
+    code = ("import sys, subprocess, accelerate_c\n"
+            "from accelerate_c.commands import cli\n"
+            "assert 'torch' not in sys.modules, 'torch imported by import accelerate_c'\n"
+            "try:\n    cli.main(['launch', '--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported by launch --help'\n"
+            "from accelerate_c import Accelerator, DeepSpeedPlugin\n"
+            "assert 'torch' in sys.modules and Accelerator.__name__ == 'Accelerator'\n"
+            "assert set(accelerate_c.__all__) <= set(dir(accelerate_c))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
