@@ -97,12 +97,26 @@ def _ref_args(args: list) -> list:
     return [a for a in args if a not in ("--ignore", "head", "--ac", "--no_reshard", "--hybrid")]  # same math
 
 
-def test_hybrid_shard_across_hosts(run, tmp_path, tmp_path_factory):
+HYBRID = [["--wrap", "layer", "--grad_accum", "2", "--hybrid"],
+          # sharded construction (world rank 0 holds the real model, the other host's ranks a meta one) and a bf16
+          # compute copy reduced in fp32 (FSDP2's MixedPrecisionPolicy) across both levels of the hierarchy
+          ["--wrap", "layer", "--grad_accum", "2", "--hybrid", "--meta", "rank0_real", "--construct_flag", "--bf16",
+           "--reduce_fp32"]]
+
+
+def _hybrid_ref_args(args: list) -> list:
+    out = [a for a in _ref_args(args) if a != "--construct_flag"]
+    if "--meta" in out:  # the one-process reference builds on meta and initialises as rank 0 does
+        out[out.index("--meta") + 1] = "all"
+    return out
+
+
+@pytest.mark.parametrize("extra", HYBRID, ids=["fp32", "construct-bf16-reduce_fp32"])
+def test_hybrid_shard_across_hosts(run, tmp_path, tmp_path_factory, extra):
     """HYBRID_SHARD on two "machines" (two launchers on loopback, 2 ranks each): sharded within a host over shared
     memory, each shard gradient averaged across the hosts; every host holds all shards, the first writes them."""
-    extra = ["--wrap", "layer", "--grad_accum", "2", "--hybrid"]
     args = ["--model", "gpt2", "--global_batch", "16"] + extra
-    ref = _reference(run, tmp_path_factory, _ref_args(args), 4)
+    ref = _reference(run, tmp_path_factory, _hybrid_ref_args(args), 4)
     got, port = tmp_path / "got", str(free_port())
     env = clean_env(ACCELERATE_C_RDZV_TIMEOUT="60")
     jobs = [Job([sys.executable, "-m", "accelerate_c", "launch", "-q", "--cpu", "--num_processes", "4",
@@ -142,13 +156,16 @@ def _check(ref, got, model, stage, nproc, extra, shard_ranks=None, otol=None):
     stats = [json.loads((got / f"stats{r}.json").read_text()) for r in range(nproc)]
     psi = stats[0]["padded"]  # padded trainable elements
     ga = int(extra[extra.index("--grad_accum") + 1]) if "--grad_accum" in extra else 1
-    esize = 2 if bf16 else 4  # the collectives move the compute dtype
+    esize = 2 if bf16 else 4  # the all-gathers move the compute dtype, the reductions the reduce dtype
+    resize = 4 if "--reduce_fp32" in extra else esize
     for s in stats:  # counted bytes: stages 2/3 reduce (and stage 3 gathers twice) every micro-batch
         if "--two_opt" not in extra:  # (per optimizer step: two optimizers split the window)
-            z3 = 2 * ga if "--no_reshard" in extra else 3 * ga  # kept gathered from forward to backward: 2Ψ
-            expected = (z3 if stage == 3 else 2 if stage == 1 else 1 + ga) * esize * psi
+            # stage 3 kept gathered from forward to backward (--no_reshard): one gather per micro-batch, else two
+            gathers = (ga if "--no_reshard" in extra else 2 * ga) if stage == 3 else 1
+            reduces = 1 if stage == 1 else ga
+            expected = (gathers * esize + reduces * resize) * psi
             if shard_ranks:  # HYBRID_SHARD: plus each reduced shard all-reduced across the hosts
-                expected += ga * esize * psi // shard_ranks
+                expected += ga * resize * psi // shard_ranks
             assert s["bytes_per_step"] == [expected] * len(s["bytes_per_step"]), (s["bytes_per_step"], expected)
         if model != "mlp" or "--no_reshard" in extra:  # (all units gathered at once between forward and backward)
             continue
