@@ -181,6 +181,48 @@ def recompute_context_fn(module: torch.nn.Module) -> Optional[Callable[[], tuple
     return context_fn
 
 
+_STATES = ("x", "w", "g")  # FP8Linear.x_state (input), w_state (weight), g_state (output gradient)
+
+
+def scaling_state(model: torch.nn.Module) -> dict[str, dict[str, list[float]]]:
+    """The amax histories of every FP8Linear in `model`, by module name: {name: {"x": [...], "w": [...], "g":
+    [...]}} (copies; empty lists under current scaling). {} when the model holds no FP8Linear. What save_state
+    writes per rank (checkpointing/scaling.py): with it a resumed run quantises as the uninterrupted one."""
+    return {name: {k: list(getattr(m, f"{k}_state").history) for k in _STATES}
+            for name, m in model.named_modules() if isinstance(m, FP8Linear)}
+
+
+def load_scaling_state(model: torch.nn.Module, state: Optional[dict], strict: bool = True) -> list[str]:
+    """Sets the amax histories of `model`'s FP8Linear layers from a scaling_state() dict; None empties them all
+    (a checkpoint without fp8 state: the first casts use current scaling, as in a fresh run). A history longer
+    than this run's amax_history_len keeps its newest entries. Layers of the model missing from `state`, or
+    names in `state` that are no FP8Linear of the model: ValueError naming them when strict, else those layers
+    are emptied (resp. ignored). Returns the names of the layers left empty for want of saved state."""
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, FP8Linear)}
+    state = {} if state is None else state
+    if not isinstance(state, dict):
+        raise ValueError(f"fp8 scaling state must be a dict of layer name -> histories, got {type(state).__name__}")
+    missing = sorted(set(layers) - set(state))
+    unexpected = sorted(set(state) - set(layers))
+    if strict and state and (missing or unexpected):
+        raise ValueError(f"fp8 scaling state does not match the model's FP8Linear layers: missing {missing}, "
+                         f"unexpected {unexpected}")
+    for name, m in layers.items():
+        entry = state.get(name)
+        for k in _STATES:
+            hist = [] if entry is None else entry.get(k) if isinstance(entry, dict) else None
+            if not isinstance(hist, list) or not all(isinstance(a, float) for a in hist):
+                raise ValueError(f"fp8 scaling state of layer {name!r}: {k!r} must be a list of floats, "
+                                 f"got {hist!r}")
+            st = getattr(m, f"{k}_state")
+            st.history = list(hist[max(0, len(hist) - st.cfg.amax_history_len):])
+    return missing
+
+
+def uses_delayed_scaling(model: torch.nn.Module) -> bool:
+    return any(m.x_state.cfg.use_delayed_scaling for m in model.modules() if isinstance(m, FP8Linear))
+
+
 def convert_to_fp8(model: torch.nn.Module, cfg: FP8Config) -> torch.nn.Module:
     """Swaps every nn.Linear the filter accepts (default: all) for FP8Linear, in place."""
     for name, module in list(model.named_modules()):
