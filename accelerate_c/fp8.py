@@ -6,6 +6,7 @@
 # On a GPU with fp8 support the forward matmul uses torch._scaled_mm; elsewhere it computes on the
 # dequantised values (same numerics, no speed-up).
 # recompute_context_fn: activation checkpointing's recomputation quantises with the scales its forward used.
+# scaling_state / load_scaling_state: the amax histories as plain data, for save_state (checkpointing/scaling.py).
 # Not for: fp16/bf16 (precision.py) or the cast kernel itself (ops.py, csrc/kernels/cast.c).
 from __future__ import annotations
 
@@ -193,11 +194,12 @@ def scaling_state(model: torch.nn.Module) -> dict[str, dict[str, list[float]]]:
 
 
 def load_scaling_state(model: torch.nn.Module, state: Optional[dict], strict: bool = True) -> list[str]:
-    """Sets the amax histories of `model`'s FP8Linear layers from a scaling_state() dict; None empties them all
-    (a checkpoint without fp8 state: the first casts use current scaling, as in a fresh run). A history longer
-    than this run's amax_history_len keeps its newest entries. Layers of the model missing from `state`, or
-    names in `state` that are no FP8Linear of the model: ValueError naming them when strict, else those layers
-    are emptied (resp. ignored). Returns the names of the layers left empty for want of saved state."""
+    """Sets the amax histories of `model`'s FP8Linear layers from a scaling_state() dict; None or {} empties them
+    all (a checkpoint without fp8 state: the first casts use current scaling, as in a fresh run). A history
+    longer than this run's amax_history_len keeps its newest entries. When a non-empty `state` misses layers of
+    the model or names layers the model lacks: ValueError naming them if strict, else the missing layers are
+    emptied and the others ignored. Nothing is changed unless the whole state is valid. Returns the names of the
+    layers left empty for want of saved state."""
     layers = {name: m for name, m in model.named_modules() if isinstance(m, FP8Linear)}
     state = {} if state is None else state
     if not isinstance(state, dict):
@@ -207,6 +209,7 @@ def load_scaling_state(model: torch.nn.Module, state: Optional[dict], strict: bo
     if strict and state and (missing or unexpected):
         raise ValueError(f"fp8 scaling state does not match the model's FP8Linear layers: missing {missing}, "
                          f"unexpected {unexpected}")
+    new: list[tuple[ScaleState, list[float]]] = []
     for name, m in layers.items():
         entry = state.get(name)
         for k in _STATES:
@@ -215,7 +218,9 @@ def load_scaling_state(model: torch.nn.Module, state: Optional[dict], strict: bo
                 raise ValueError(f"fp8 scaling state of layer {name!r}: {k!r} must be a list of floats, "
                                  f"got {hist!r}")
             st = getattr(m, f"{k}_state")
-            st.history = list(hist[max(0, len(hist) - st.cfg.amax_history_len):])
+            new.append((st, list(hist[max(0, len(hist) - st.cfg.amax_history_len):])))
+    for st, hist in new:
+        st.history = hist
     return missing
 
 

@@ -6,7 +6,8 @@
 #    run, which warns and starts its histories empty; an fp8 checkpoint loads into a run without fp8.
 #  - Another world size: a checkpoint saved by 2 ranks (two threads, fake accelerators, different histories per
 #    rank) loaded as rank r of 1 and 3 ranks gives saved rank r % 2's histories; a shorter amax_history_len keeps
-#    the newest entries; a model whose fp8 layers differ is a CheckpointError naming the layer (strict).
+#    the newest entries; a model whose fp8 layers differ, or a malformed history, is a CheckpointError naming the
+#    file and the layer (strict), and leaves the histories untouched.
 # The 2-process case (sharded engine, delayed scaling) is test_sharded_fp8.py's --resume_check.
 # Not for: FP8Linear's numerics (test_precision.py) or the checkpoint format (test_checkpointing.py).
 import json
@@ -151,3 +152,11 @@ def test_fp8_state_under_another_world_size(tmp_path):
     assert scaling_state(short.model) == {n: {k: h[-2:] for k, h in layer.items()} for n, layer in saved[1].items()}
     with pytest.raises(CheckpointError, match=r"fp8_states_0.*missing \[\].*unexpected \['lin'\]"):
         load_state(_fp8_fake(0, 1, exclude="lin"), ck)
+    path = os.path.join(ck, "fp8_states_1.json")  # a bad history: an error naming the file, layer and key
+    doc = json.load(open(path))
+    doc["data"][0]["head"]["g"] = ["1.5"]
+    json.dump(doc, open(path, "w"))
+    bad = _fp8_fake(1, 2)
+    with pytest.raises(CheckpointError, match=r"fp8_states_1.*'head': 'g' must be a list of floats"):
+        load_state(bad, ck)
+    assert all(h == [] for layer in scaling_state(bad.model).values() for h in layer.values())  # nothing half-set
