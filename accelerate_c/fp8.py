@@ -6,6 +6,7 @@
 # On a GPU with fp8 support the forward matmul uses torch._scaled_mm; elsewhere it computes on the
 # dequantised values (same numerics, no speed-up).
 # recompute_context_fn: activation checkpointing's recomputation quantises with the scales its forward used.
+# scaling_state / load_scaling_state: the amax histories as plain data, for save_state (checkpointing/scaling.py).
 # Not for: fp16/bf16 (precision.py) or the cast kernel itself (ops.py, csrc/kernels/cast.c).
 from __future__ import annotations
 
@@ -179,6 +180,52 @@ def recompute_context_fn(module: torch.nn.Module) -> Optional[Callable[[], tuple
                     s.history = h
         return forward(), recompute()
     return context_fn
+
+
+_STATES = ("x", "w", "g")  # FP8Linear.x_state (input), w_state (weight), g_state (output gradient)
+
+
+def scaling_state(model: torch.nn.Module) -> dict[str, dict[str, list[float]]]:
+    """The amax histories of every FP8Linear in `model`, by module name: {name: {"x": [...], "w": [...], "g":
+    [...]}} (copies; empty lists under current scaling). {} when the model holds no FP8Linear. What save_state
+    writes per rank (checkpointing/scaling.py): with it a resumed run quantises as the uninterrupted one."""
+    return {name: {k: list(getattr(m, f"{k}_state").history) for k in _STATES}
+            for name, m in model.named_modules() if isinstance(m, FP8Linear)}
+
+
+def load_scaling_state(model: torch.nn.Module, state: Optional[dict], strict: bool = True) -> list[str]:
+    """Sets the amax histories of `model`'s FP8Linear layers from a scaling_state() dict; None or {} empties them
+    all (a checkpoint without fp8 state: the first casts use current scaling, as in a fresh run). A history
+    longer than this run's amax_history_len keeps its newest entries. When a non-empty `state` misses layers of
+    the model or names layers the model lacks: ValueError naming them if strict, else the missing layers are
+    emptied and the others ignored. Nothing is changed unless the whole state is valid. Returns the names of the
+    layers left empty for want of saved state."""
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, FP8Linear)}
+    state = {} if state is None else state
+    if not isinstance(state, dict):
+        raise ValueError(f"fp8 scaling state must be a dict of layer name -> histories, got {type(state).__name__}")
+    missing = sorted(set(layers) - set(state))
+    unexpected = sorted(set(state) - set(layers))
+    if strict and state and (missing or unexpected):
+        raise ValueError(f"fp8 scaling state does not match the model's FP8Linear layers: missing {missing}, "
+                         f"unexpected {unexpected}")
+    new: list[tuple[ScaleState, list[float]]] = []
+    for name, m in layers.items():
+        entry = state.get(name)
+        for k in _STATES:
+            hist = [] if entry is None else entry.get(k) if isinstance(entry, dict) else None
+            if not isinstance(hist, list) or not all(isinstance(a, float) for a in hist):
+                raise ValueError(f"fp8 scaling state of layer {name!r}: {k!r} must be a list of floats, "
+                                 f"got {hist!r}")
+            st = getattr(m, f"{k}_state")
+            new.append((st, list(hist[max(0, len(hist) - st.cfg.amax_history_len):])))
+    for st, hist in new:
+        st.history = hist
+    return missing
+
+
+def uses_delayed_scaling(model: torch.nn.Module) -> bool:
+    return any(m.x_state.cfg.use_delayed_scaling for m in model.modules() if isinstance(m, FP8Linear))
 
 
 def convert_to_fp8(model: torch.nn.Module, cfg: FP8Config) -> torch.nn.Module:

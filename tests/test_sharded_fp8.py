@@ -10,7 +10,8 @@
 #  - Which layers became FP8Linear (every nn.Linear, the tied lm_head included), that their weights and biases
 #    are bf16 views of the engine's unit buffers (stage 3: the storage gathered and freed), the scaling state
 #    per rank (weight amax histories equal on every rank, input amax histories each rank's own), the bytes the
-#    collectives move per step, and a save_state / load_state round trip (the same step twice, the same result).
+#    collectives move per step, and a save_state / load_state round trip (the same step twice, the same result;
+#    under delayed scaling also the same amax histories: they are saved per rank).
 #  - Activation checkpointing under delayed scaling (one process, torch's checkpoint with fp8's context_fn): the
 #    recomputation quantises with the forward's scales, so gradients and amax histories equal the plain run's.
 # Not for: FP8Linear's numerics alone (test_precision.py) or the engine without fp8 (test_sharded_engine.py).
@@ -33,7 +34,8 @@ LLAMA_LINEARS = ["lm_head"] + [f"model.layers.{i}.{m}" for i in range(2) for m i
 CASES = [  # model, face, stage, extra args, reduce dtype
     ("llama", "fsdp", 3, ["--wrap", "llayer", "--reduce_fp32", "--resume_check"], "fp32"),
     ("llama", "ds", 1, ["--wrap", "llayer", "--reduce_fp32", "--fp8_recipe", "E4M3:delayed:4"], "fp32"),
-    ("llama", "fsdp", 2, ["--wrap", "llayer", "--fp8_recipe", "HYBRID:delayed:3:most_recent"], "bf16"),
+    ("llama", "fsdp", 2, ["--wrap", "llayer", "--fp8_recipe", "HYBRID:delayed:3:most_recent", "--resume_check"],
+     "bf16"),
     ("mlp", "fsdp", 3, ["--wrap", "size", "--fp8_recipe", "HYBRID:delayed:2"], "bf16"),
     # activation checkpointing per unit (the recomputation replays the forward's scales) and sharded construction
     # from the meta device (FP8Linear initialised by transformers' _init_weights as the Linear it replaced)
@@ -111,7 +113,7 @@ def test_fp8_sharded_matches_emulated_ranks(run, tmp_path_factory, model, face, 
     if "--resume_check" in extra:
         for r in range(2):
             rec = json.loads((got / f"resume{r}.json").read_text())
-            assert rec["losses"][0] == rec["losses"][1] and rec["same_weights"], (r, rec)
+            assert rec["losses"][0] == rec["losses"][1] and rec["same_weights"] and rec["same_fp8"], (r, rec)
 
 
 def test_fp8_sharded_against_one_process(run, tmp_path_factory):

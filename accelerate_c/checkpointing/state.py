@@ -11,6 +11,7 @@
 #   scheduler[_i].json, scaler.json, custom_checkpoint_{i}.json   written by the main process
 #   random_states_{rank}.json/.safetensors        per rank: python/numpy/torch(/cuda) RNG and the step
 #   dataloader_states_{rank}.json/.safetensors    per rank: state_dict() of every prepared dataloader
+#   fp8_states_{rank}.json               per rank, fp8 runs: FP8Linear amax histories (scaling.py)
 # Coordination (only is_main_process, process_index, num_processes, wait_for_everyone() are used):
 #   main creates the temp dir -> barrier -> every rank writes its files in parallel -> barrier -> every rank
 #   reads the pieces' headers and builds the same indexes (so a bad layout fails on every rank alike) -> main
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 
 from . import atomic
+from . import scaling
 from . import universal
 from .format import CheckpointError, check_format, read_json, read_state, write_json, write_state
 from .pieces import PieceReader, rank_file, read_rank_meta, write_rank_file
@@ -217,6 +219,7 @@ def save_state(accelerator: Any, output_dir: Optional[str] = None, safe_serializ
     dl_states = [_state_dict_or_none(dl) for dl in accelerator._dataloaders]
     write_state(tmp, f"random_states_{rank}", rng, kind="rng")
     write_state(tmp, f"dataloader_states_{rank}", dl_states, kind="dataloaders")
+    has_fp8 = scaling.save_scaling(accelerator, tmp, rank)
     meta: dict[str, Any] = {}
     if coord:
         for i, st in enumerate(sched_states):
@@ -231,6 +234,7 @@ def save_state(accelerator: Any, output_dir: Optional[str] = None, safe_serializ
             "schedulers": [_nth("scheduler", i) for i in range(len(sched_states))],
             "custom_objects": [f"custom_checkpoint_{i}" for i in range(len(custom_states))],
             "scaler": "scaler" if scaler is not None else None,
+            scaling.META_KEY: has_fp8,
             "num_dataloaders": len(dl_states),
             "data_position": [{k: st.get(k) for k in ("epoch", "batches_consumed", "samples_consumed")}
                               if isinstance(st, dict) else None for st in dl_states],
@@ -313,9 +317,10 @@ def load_state(accelerator: Any, input_dir: Optional[str] = None, load_kwargs: O
         logger.warning(
             "Checkpoint %s was saved by %s processes and is loaded by %s. Model, optimizer, scheduler, scaler "
             "and custom objects are restored in full. RNG: rank r reads random_states_r; ranks >= %s have no "
-            "saved RNG and keep their current state. Data position: rank r's dataloader state (rank 0's for "
+            "saved RNG and keep their current state; fp8 amax histories: rank r reads saved rank r %% %s. "
+            "Data position: rank r's dataloader state (rank 0's for "
             "ranks without one) is handed to the dataloader, which must re-map it to the new world size.",
-            input_dir, saved_world, world, saved_world)
+            input_dir, saved_world, world, saved_world, saved_world)
 
     models = list(accelerator._models)
     for hook in accelerator._load_model_state_pre_hook.values():
@@ -380,6 +385,7 @@ def load_state(accelerator: Any, input_dir: Optional[str] = None, load_kwargs: O
                 dl.load_state_dict(st)
             elif "resume_position" in inspect.signature(dl.load_state_dict).parameters:
                 dl.load_state_dict(st, resume_position=False)
+    scaling.load_scaling(accelerator, input_dir, meta, strict=load_model_func_kwargs.get("strict", True))
     accelerator.step = int(meta["step"])
 
     custom = [f for f in os.listdir(input_dir) if _CUSTOM_RE.match(f)]

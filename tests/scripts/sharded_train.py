@@ -15,7 +15,7 @@
 #   chunk through a bf16 copy with that rank's own scaling state; --one_process is the Accelerator's own fp8 run
 #   on one process (no plugin, fp32 weights). stats<r>.json then lists the fp8 layers, whether their weights view
 #   the engine's unit buffers, and each rank's amax histories; --resume_check: save_state, one more step, load_state,
-#   the same step again (resume<r>.json: both losses, whether the weights came out the same).
+#   the same step again (resume<r>.json: both losses, whether the weights and fp8 amax histories came out the same).
 # Mixed precision (--bf16 / --fp16): the reference's compute copy (compute_copy) has every parameter in the compute
 # dtype, frozen ones too (FSDP2), but BatchNorm modules in fp32 with their inputs cast to fp32 and their outputs back
 # (FSDP1's _module_classes_to_ignore; --bn_low: BatchNorm in the compute dtype too). --fp16: a static loss scale of
@@ -441,7 +441,9 @@ def distributed(args: argparse.Namespace) -> None:
 
 
 def resume_check(args: argparse.Namespace, acc: Any, model: torch.nn.Module, opts: list) -> None:
-    """save_state, one more step, load_state, the same step again: both give the same loss and weights."""
+    """save_state, one more step, load_state, the same step again: both give the same loss and weights (and, fp8,
+    the same amax histories after it)."""
+    from accelerate_c.fp8 import scaling_state
     ckpt = os.path.join(args.out, "ckpt")
     acc.save_state(ckpt)
     kind, n, r = args.model, acc.num_processes, acc.process_index
@@ -454,12 +456,13 @@ def resume_check(args: argparse.Namespace, acc: Any, model: torch.nn.Module, opt
             opt.step()
             opt.zero_grad()
         runs.append((acc.reduce(loss.detach(), reduction="mean").item(),
-                     {k: v.detach().clone() for k, v in acc.get_state_dict(model).items()}))
+                     {k: v.detach().clone() for k, v in acc.get_state_dict(model).items()},
+                     scaling_state(acc.unwrap_model(model))))
         if len(runs) == 1:
             acc.load_state(ckpt)
     same = all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
     with open(os.path.join(args.out, f"resume{r}.json"), "w") as f:
-        json.dump({"losses": [runs[0][0], runs[1][0]], "same_weights": same}, f)
+        json.dump({"losses": [runs[0][0], runs[1][0]], "same_weights": same, "same_fp8": runs[0][2] == runs[1][2]}, f)
 
 
 def write(args: argparse.Namespace, losses: list, sd: dict, optim: dict) -> None:
