@@ -147,9 +147,9 @@ def _check(ref, got, model, stage, nproc, extra, shard_ranks=None, otol=None):
     ref_w, got_w = load_file(str(ref / "weights.safetensors")), load_file(str(got / "weights.safetensors"))
     _close(ref_w, got_w, tol, "weights")
 
+    _check_get_state_dict(got, nproc, len(got_w))
     if stage == 0:
         return
-    _check_get_state_dict(got, nproc, len(got_w))
     # the checkpoint contract: every rank's slices put together are the logical tensors, exactly
     shapes = {k: tuple(v.shape) for k, v in got_w.items()}
     pieces, filled = _assemble(got, nproc, shapes)

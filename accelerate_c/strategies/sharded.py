@@ -295,6 +295,9 @@ class ShardedDataParallel(BucketedDataParallel):
             return None
         return out
 
+    def hooks_get_no_weights(self) -> bool:
+        return True  # (HF's FSDP and DeepSpeed engines alike)
+
     def gather_state_dict(self, model: torch.nn.Module, dtype: Optional[torch.dtype] = None,
                           rank0_only: bool = True) -> dict[str, torch.Tensor]:
         """The model's full state dict (fp32 masters unless `dtype`) as CPU copies, gathered unit by unit

@@ -24,7 +24,9 @@
 # broadcast_buffers rule, gradients are the average over ranks, optimizer AdamW or SGD with momentum, clipping
 # torch's clip_grad_norm_. Output in --out: losses.json, weights.safetensors, optim.safetensors ("<param>/<key>"),
 # and from the distributed run per rank: stats<r>.json (bytes per step, model-state bytes), slices<r>.safetensors
-# (model_slices and the optimizer state by optimizer_layout, keyed "<name>@<start>").
+# (model_slices and the optimizer state by optimizer_layout, keyed "<name>@<start>"), statedict<r>.json (what
+# accelerator.get_state_dict gave the rank and the peak bytes it allocated; weights.safetensors holds the fp32
+# weights of strategy.gather_state_dict, as the DeepSpeed face's get_state_dict is 16-bit under --bf16/--fp16).
 import argparse
 import copy as pycopy
 import dataclasses
@@ -388,7 +390,8 @@ def distributed(args: argparse.Namespace) -> None:
     losses.append(eval_loss(kind, model))
     strategy = acc.strategy
     if args.stage == 0:  # NO_SHARD: our DDP, nothing of the engine's to report
-        sd = acc.get_state_dict(model)
+        sd = strategy.gather_state_dict(model)
+        statedict_report(args, acc, model, sd)
         if acc.is_main_process:
             write(args, losses, sd, {})
         acc.wait_for_everyone()
@@ -477,14 +480,15 @@ def statedict_report(args: argparse.Namespace, acc: Any, model: torch.nn.Module,
             got = acc.get_state_dict(model)
         except ValueError as e:
             error = str(e)
-    engine = acc.strategy.engines[0]
+    units = acc.strategy.engines[0].units if acc.strategy.engines else []  # (none under NO_SHARD)
     rec = {"face": args.face, "stage": args.stage, "gather16": args.gather16, "error": error,
            "kind": "none" if got is None else "dict", "keys": len(got or {}), "fp32_keys": len(fp32),
            "dtypes": sorted({str(v.dtype) for v in (got or {}).values() if v.is_floating_point()}),
            "devices": sorted({v.device.type for v in (got or {}).values()}), "peak": live.peak,
-           "unit_bytes": 4 * max(u.padded for u in engine.units), "padded_bytes": 4 * sum(u.padded for u in engine.units)}
+           "unit_bytes": 4 * max((u.padded for u in units), default=0), "padded_bytes": 4 * sum(u.padded for u in units)}
     if got and fp32:
         rec["equal"] = got.keys() == fp32.keys() and all(torch.equal(v, fp32[k].to(v.dtype)) for k, v in got.items())
+    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"statedict{acc.process_index}.json"), "w") as f:
         json.dump(rec, f)
 
