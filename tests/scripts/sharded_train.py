@@ -461,7 +461,7 @@ def resume_check(args: argparse.Namespace, acc: Any, model: torch.nn.Module, opt
             opt.step()
             opt.zero_grad()
         runs.append((acc.reduce(loss.detach(), reduction="mean").item(),
-                     acc.strategy.gather_state_dict(model, rank0_only=False)))
+                     {k: v.detach().clone() for k, v in acc.get_state_dict(model).items()}))
         if len(runs) == 1:
             acc.load_state(ckpt)
     same = all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
