@@ -94,7 +94,8 @@ def run_case(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra, 
 
 
 def _ref_args(args: list) -> list:
-    return [a for a in args if a not in ("--ignore", "head", "--ac", "--no_reshard", "--hybrid", "--gather16")]  # same math
+    return [a for a in args if a not in ("--ignore", "head", "--ac", "--no_reshard", "--hybrid",
+                                         "--gather16")]  # same math
 
 
 def test_hybrid_shard_across_hosts(run, tmp_path, tmp_path_factory):

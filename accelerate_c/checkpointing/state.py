@@ -197,7 +197,8 @@ def save_state(accelerator: Any, output_dir: Optional[str] = None, safe_serializ
     strategy = strategy_of(accelerator)
     if accelerator._save_model_state_pre_hook:
         # (HF: no weights where its FSDP / DeepSpeed engine saves the models; get_state_dict is then rank 0's alone)
-        weights = [] if strategy.hooks_get_no_weights() else [accelerator.get_state_dict(m) for m in accelerator._models]
+        weights = ([] if strategy.hooks_get_no_weights()
+                   else [accelerator.get_state_dict(m) for m in accelerator._models])
         for hook in accelerator._save_model_state_pre_hook.values():
             hook(list(accelerator._models), weights, tmp)
     rank, world = int(accelerator.process_index), int(accelerator.num_processes)

@@ -485,7 +485,8 @@ def statedict_report(args: argparse.Namespace, acc: Any, model: torch.nn.Module,
            "kind": "none" if got is None else "dict", "keys": len(got or {}), "fp32_keys": len(fp32),
            "dtypes": sorted({str(v.dtype) for v in (got or {}).values() if v.is_floating_point()}),
            "devices": sorted({v.device.type for v in (got or {}).values()}), "peak": live.peak,
-           "unit_bytes": 4 * max((u.padded for u in units), default=0), "padded_bytes": 4 * sum(u.padded for u in units)}
+           "unit_bytes": 4 * max((u.padded for u in units), default=0),
+           "padded_bytes": 4 * sum(u.padded for u in units)}
     if got and fp32:
         rec["equal"] = got.keys() == fp32.keys() and all(torch.equal(v, fp32[k].to(v.dtype)) for k, v in got.items())
     os.makedirs(args.out, exist_ok=True)
