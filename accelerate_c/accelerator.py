@@ -304,7 +304,7 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
                      keep_torch_compile: bool = True) -> torch.nn.Module:
         return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
 
-    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict:
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> Optional[dict]:
         return self.strategy.get_state_dict(getattr(model, "_orig_mod", model), unwrap=unwrap)
 
     def end_training(self) -> None:

@@ -66,7 +66,7 @@ CASES = [  # model, face, stage, nproc, extra args
     ("gpt2", "fsdp", 3, 3, ["--wrap", "layer", "--grad_accum", "2", "--ac"]),
     ("mlp", "ds", 1, 2, ["--wrap", "size"]),
     ("mlp", "fsdp", 2, 2, ["--wrap", "size"]),
-    ("mlp", "ds", 3, 2, ["--wrap", "size"]),
+    ("mlp", "ds", 3, 2, ["--wrap", "size", "--gather16"]),
     ("mlp", "fsdp", 3, 2, ["--wrap", "size", "--no_reshard"]),
     ("mlp", "ds", 1, 2, ["--wrap", "size", "--bf16"]),
     ("mlp", "fsdp", 3, 2, ["--wrap", "size", "--bf16", "--grad_accum", "2"]),
@@ -94,7 +94,8 @@ def run_case(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra, 
 
 
 def _ref_args(args: list) -> list:
-    return [a for a in args if a not in ("--ignore", "head", "--ac", "--no_reshard", "--hybrid")]  # same math
+    return [a for a in args if a not in ("--ignore", "head", "--ac", "--no_reshard", "--hybrid",
+                                         "--gather16")]  # same math
 
 
 HYBRID = [["--wrap", "layer", "--grad_accum", "2", "--hybrid"],
@@ -128,6 +129,29 @@ def test_hybrid_shard_across_hosts(run, tmp_path, tmp_path_factory, extra):
     _check(ref, got, "gpt2", 3, 4, extra, shard_ranks=2)
 
 
+def _check_get_state_dict(got, nproc, nkeys):
+    """accelerator.get_state_dict by HF 1.15's rules (statedict<r>.json of sharded_train.py): FSDP face: the fp32
+    dict on rank 0, {} elsewhere; DeepSpeed ZeRO-3: on rank 0, None elsewhere, and HF's ValueError without
+    stage3_gather_16bit_weights_on_model_save; ZeRO 1/2: on every rank in the engine's dtype. Rank 0's dict is the
+    fp32 weights cast to that dtype; a rank that does not keep the dict allocates at most one unit while gathering."""
+    for r in range(nproc):
+        rec = json.loads((got / f"statedict{r}.json").read_text())
+        ds, z3 = rec["face"] == "ds", rec["stage"] == 3
+        if ds and z3 and not rec["gather16"]:
+            assert "stage3_gather_16bit_weights_on_model_save" in (rec["error"] or ""), rec
+            continue
+        assert rec["error"] is None, rec
+        keeps = r == 0 or (ds and not z3)
+        if not keeps:
+            assert rec["kind"] == ("none" if ds else "dict") and rec["keys"] == 0, rec
+            assert rec["peak"] <= rec["unit_bytes"], rec  # before: the whole model (padded_bytes) on every rank
+            continue
+        assert rec["kind"] == "dict" and rec["keys"] == nkeys and rec["devices"] == ["cpu"], rec
+        assert len(rec["dtypes"]) == 1 and (rec["dtypes"][0] == "torch.float32" or ds), rec
+        if r == 0:
+            assert rec["equal"], rec
+
+
 def _check(ref, got, model, stage, nproc, extra, shard_ranks=None, otol=None):
     bf16 = "--bf16" in extra
     tol = 2e-3 if bf16 else 1e-5  # bf16: gradients reduced in bf16 against the reference's fp32 sums
@@ -138,6 +162,7 @@ def _check(ref, got, model, stage, nproc, extra, shard_ranks=None, otol=None):
     ref_w, got_w = load_file(str(ref / "weights.safetensors")), load_file(str(got / "weights.safetensors"))
     _close(ref_w, got_w, tol, "weights")
 
+    _check_get_state_dict(got, nproc, len(got_w))
     if stage == 0:
         return
     # the checkpoint contract: every rank's slices put together are the logical tensors, exactly

@@ -209,28 +209,34 @@ def test_cpu_offload_noop_said_once_per_process(run, tmp_path, face):
 
 
 # -- save_model: what HF writes (its Accelerator.get_state_dict under DeepSpeed / FSDP) ----------------------------
-SAVE_CASES = [  # face, stage, nproc, extra, expected dtypes (None: HF's ZeRO-3 error)
-    ("ds", 2, 2, [], ["torch.float16"]),              # ZeRO 1/2: the module's own (fp16) weights
-    ("ds", 3, 2, [], None),                           # ZeRO-3 without the flag: HF raises, writes nothing
-    ("ds", 3, 2, ["--gather16"], ["torch.float16"]),  # ZeRO-3 with it: the gathered 16-bit weights
-    ("fsdp", 3, 2, [], ["torch.float32"]),            # FSDP: the full fp32 state dict, whatever state_dict_type
-    ("ds", 2, 1, [], ["torch.float16"]),              # one process under a DeepSpeedPlugin: DeepSpeed's engine too
-    ("ds", 3, 1, [], None),
+SAVE_CASES = [  # face, stage, nproc, extra, expected dtypes (None: HF's ZeRO-3 error), ranks that get the dict
+    ("ds", 2, 2, [], ["torch.float16"], (0, 1)),        # ZeRO 1/2: the module's own (fp16) weights, on every rank
+    ("ds", 3, 2, [], None, ()),                         # ZeRO-3 without the flag: HF raises, writes nothing
+    ("ds", 3, 2, ["--gather16"], ["torch.float16"], (0,)),  # ZeRO-3 with it: 16-bit on rank 0, None elsewhere
+    ("fsdp", 3, 2, [], ["torch.float32"], (0,)),        # FSDP: the full fp32 state dict on rank 0, {} elsewhere
+    ("ds", 2, 1, [], ["torch.float16"], (0,)),          # one process under a DeepSpeedPlugin: DeepSpeed's engine too
+    ("ds", 3, 1, [], None, ()),
 ]
 
 
-@pytest.mark.parametrize("face,stage,nproc,extra,dtypes", SAVE_CASES,
+@pytest.mark.parametrize("face,stage,nproc,extra,dtypes,keepers", SAVE_CASES,
                          ids=[f"{c[0]}-z{c[1]}-n{c[2]}{''.join(c[3])}" for c in SAVE_CASES])
-def test_save_model_dtype_like_hf(run, tmp_path, face, stage, nproc, extra, dtypes):
+def test_save_model_dtype_like_hf(run, tmp_path, face, stage, nproc, extra, dtypes, keepers):
     run("sharded_fp16.py", ["--face", face, "--stage", str(stage), "--steps", "2", "--save_model", "--out",
                             str(tmp_path)] + extra, nproc=nproc, launcher="accelerate_c", timeout=180)
     for r in range(nproc):
         rec = json.loads((tmp_path / f"record{r}.json").read_text())
         if dtypes is None:
             assert "stage3_gather_16bit_weights_on_model_save" in rec.get("save_error", ""), rec
+            assert "stage3_gather_16bit_weights_on_model_save" in rec.get("state_dict_error", ""), rec
             assert not (tmp_path / "model").exists() or not any((tmp_path / "model").iterdir())
+            continue
+        assert rec.get("saved_dtypes") == dtypes and rec["saved_equal"], rec
+        # get_state_dict: the dict save_model wrote on the ranks that keep it; {} (FSDP) / None (ZeRO-3) elsewhere
+        if r in keepers:
+            assert rec["state_dict"] == dtypes and rec["saved_is_state_dict"], rec
         else:
-            assert rec.get("saved_dtypes") == dtypes and rec["saved_equal"], rec
+            assert rec["state_dict"] == (None if face == "ds" else []) and "saved_is_state_dict" not in rec, rec
 
 
 def test_deepspeed_gradient_accumulation_on_one_process(sharding_env):

@@ -196,11 +196,13 @@ def save_state(accelerator: Any, output_dir: Optional[str] = None, safe_serializ
     accelerator.wait_for_everyone()
 
     # Every rank writes the model/optimizer pieces it owns (no gather), its RNG and its data position.
+    strategy = strategy_of(accelerator)
     if accelerator._save_model_state_pre_hook:
-        weights = [accelerator.get_state_dict(m) for m in accelerator._models]
+        # (HF: no weights where its FSDP / DeepSpeed engine saves the models; get_state_dict is then rank 0's alone)
+        weights = ([] if strategy.hooks_get_no_weights()
+                   else [accelerator.get_state_dict(m) for m in accelerator._models])
         for hook in accelerator._save_model_state_pre_hook.values():
             hook(list(accelerator._models), weights, tmp)
-    strategy = strategy_of(accelerator)
     rank, world = int(accelerator.process_index), int(accelerator.num_processes)
     model_names = [_nth("model", i) for i in range(len(accelerator._models))]
     opt_names = [_nth("optimizer", i) for i in range(len(accelerator._optimizers))]

@@ -23,7 +23,7 @@
 # Not for: the strategy contract (strategies/sharded.py) or the layout arithmetic (flat.py).
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -344,23 +344,24 @@ class ShardEngine:
                     self._fresh[u.index] = True
 
     # -- state -----------------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def full_params(self) -> dict[int, torch.Tensor]:
-        """id(param) -> a full copy of each unit parameter, gathered unit by unit (collective under stage 3)."""
-        out: dict[int, torch.Tensor] = {}
+    def gathered_units(self) -> Iterator[tuple[FlatUnit, list[torch.Tensor]]]:
+        """Each unit with its parameters' full fp32 values, one unit at a time (collective under stage 3 and under
+        a compute copy: call on every rank, running the generator to its end). The values view one unit-sized
+        scratch buffer that the next unit overwrites (copy what you keep), so a rank holds at most one gathered
+        unit on top of its shards; stages 1/2 without a compute copy: the full parameters themselves."""
+        scratch: Optional[torch.Tensor] = None
         for u in self.units:
             if self.stage in (1, 2) and not self.low:
-                for e in u.entries:
-                    out[id(e.param)] = e.param.detach()
+                yield u, [e.param.detach() for e in u.entries]
                 continue
+            if scratch is None:
+                biggest = max(v.padded for v in self.units)
+                scratch = torch.empty(biggest, dtype=torch.float32, device=self.comm.device)
             # from the fp32 master shards (zero-copy all-gather: the shards sit at the same offset on every rank)
-            full = torch.empty(u.padded, dtype=torch.float32, device=self.comm.device)
-            self.comm.all_gather(full, self.master_shard(u))
-            for e, v in zip(u.entries, u.views(full)):
-                out[id(e.param)] = v
-        if self.mixed is not None:  # frozen parameters: their fp32 values, not the compute copies
-            out.update(self.mixed.frozen_master)
-        return out
+            full = scratch[:u.padded]
+            with torch.no_grad():
+                self.comm.all_gather(full, self.master_shard(u))
+            yield u, [v.detach() for v in u.views(full)]
 
     def state_tensors(self) -> list[torch.Tensor]:
         """Every tensor the engine holds for the model: parameters (full and shards), gradients, staging."""

@@ -226,8 +226,19 @@ class Strategy:
 
     # -- state -----------------------------------------------------------------------------------------
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The model's state dict. Under a DeepSpeedPlugin (one process: HF still runs DeepSpeed's engine) CPU copies
+        in the engine's dtype, under ZeRO-3 only with stage3_gather_16bit_weights_on_model_save (saved_weights_dtype's
+        rule); the sharded strategy has its own (strategies/sharded.py)."""
         from ..utils.other import extract_model_from_parallel
+        if "DeepSpeedPlugin" in self.ctx.handlers:
+            from ..sharding.statedict import full_state_dict
+            return full_state_dict(extract_model_from_parallel(model), None, True, self.saved_weights_dtype())
         return (extract_model_from_parallel(model) if unwrap else model).state_dict()
+
+    def hooks_get_no_weights(self) -> bool:
+        """True where HF 1.15 runs its own FSDP / DeepSpeed engine (DeepSpeed: on one process too), which saves the
+        models its own way: save_state then hands the save_model_state_pre_hooks an empty weights list."""
+        return "DeepSpeedPlugin" in self.ctx.handlers
 
     def saved_weights_dtype(self) -> Optional[torch.dtype]:
         """The dtype `Accelerator.save_model` writes floating tensors in: None = as held (fp32, HF's FSDP and plain

@@ -279,22 +279,34 @@ class ShardedDataParallel(BucketedDataParallel):
         inner = extract_model_from_parallel(model)
         return next((e for e in self.engines if e.model is inner), None)
 
-    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        """Full logical tensors under the usual names, gathered unit by unit (collective under stage 3)."""
-        engine = self._engine_of(model)
-        if engine is None:
-            return super().get_state_dict(model, unwrap)
-        full = engine.full_params()
-        sd = engine.model.state_dict(keep_vars=True)
-        byname = dict(engine.model.named_parameters(remove_duplicate=False))
-        from ..sharding.buffers import full_precision
-        out = {}
-        for k, v in sd.items():
-            p = byname.get(k)
-            out[k] = full[id(p)] if p is not None and id(p) in full else full_precision(engine.buffer_orig, v)
-        if not unwrap and isinstance(model, DataParallelModule):
-            out = {f"module.{k}": v for k, v in out.items()}
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> Optional[dict[str, torch.Tensor]]:
+        """HF 1.15's get_state_dict under its FSDP and DeepSpeed engines (collective: call it on every rank; `unwrap`
+        is ignored, as HF ignores it there; CPU copies). FSDP face, any sharding strategy or state_dict_type: the
+        full fp32 state dict on rank 0, {} on the others (FSDP2's full_state_dict + cpu_offload, FSDP1's
+        rank0_only). DeepSpeed face: the engine's dtype (16-bit when the JSON enables fp16/bf16); ZeRO-3 on rank 0
+        only, None on the others (DeepSpeed's _zero3_consolidated_16bit_state_dict), and only with
+        stage3_gather_16bit_weights_on_model_save (else HF's ValueError, on every rank before any collective);
+        ZeRO 0-2 on every rank (the module's own weights)."""
+        deepspeed = "DeepSpeedPlugin" in self.ctx.handlers
+        dtype = self.saved_weights_dtype() if deepspeed else None
+        everywhere = deepspeed and self.stage < 3
+        out = self.gather_state_dict(model, dtype, rank0_only=not everywhere)
+        if deepspeed and not everywhere and self.state.process_index != 0:
+            return None
         return out
+
+    def hooks_get_no_weights(self) -> bool:
+        return True  # (HF's FSDP and DeepSpeed engines alike)
+
+    def gather_state_dict(self, model: torch.nn.Module, dtype: Optional[torch.dtype] = None,
+                          rank0_only: bool = True) -> dict[str, torch.Tensor]:
+        """The model's full state dict (fp32 masters unless `dtype`) as CPU copies, gathered unit by unit
+        (sharding/statedict.py; collective): on rank 0 only ({} elsewhere, where at most one gathered unit is held
+        at a time) or, rank0_only=False, on every rank."""
+        from ..sharding.statedict import full_state_dict
+        from ..utils.other import extract_model_from_parallel
+        keep = not rank0_only or self.state.process_index == 0
+        return full_state_dict(extract_model_from_parallel(model), self._engine_of(model), keep, dtype)
 
     def model_slices(self, model: torch.nn.Module) -> list:
         """Each unit parameter's piece of this rank's fp32 master shard (under every name it is registered by);

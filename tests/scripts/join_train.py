@@ -244,8 +244,8 @@ def distributed(steps: list, ga: int, out: str, args: argparse.Namespace) -> Non
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, f"record{r}.json"), "w") as f:
             json.dump({"steps": records, "final_scale": float(acc.scaler.get_scale())}, f)
-    if args.sharding:  # full weights gathered unit by unit (collective under stage 3)
-        sd = {k: v.detach().clone() for k, v in acc.get_state_dict(model).items()}
+    if args.sharding:  # full fp32 weights on every rank, gathered unit by unit (collective)
+        sd = acc.strategy.gather_state_dict(model, rank0_only=False)
         flat = torch.cat([v.reshape(-1).float() for v in sd.values()]).unsqueeze(0)
         every = acc.gather(flat)
         assert all(torch.equal(every[0], every[i]) for i in range(acc.num_processes)), "ranks ended with different weights"

@@ -3,7 +3,9 @@
 # engine, stages 1-3). An inf can be injected into ONE element of rank 0's gradient at chosen steps: after the
 # reduce-scatter only the rank owning that element sees it in its shard, so the others skip only if the overflow
 # decision is agreed. Writes, per rank, record<r>.json: skipped flags and the scale after each step, the final
-# scaler state_dict, whether a save_state/load_state round trip restored it; rank 0 also weights.safetensors.
+# scaler state_dict, whether a save_state/load_state round trip restored it, what accelerator.get_state_dict gave
+# (its dtypes, None, or HF's error) and, with --save_model, whether the file holds exactly that dict; rank 0 also
+# weights.safetensors (fp32).
 # Not for: the engine's other features (sharded_train.py).
 import argparse
 import json
@@ -99,8 +101,14 @@ def main() -> None:
         acc.scaler.update(123.0)
     acc.load_state(ckpt)
     reloaded = acc.scaler.state_dict() == state
-    sd = acc.get_state_dict(model)
+    # the fp32 weights on every rank (the sharded engine's gather; one process: the module's own)
+    sd = acc.strategy.gather_state_dict(model, rank0_only=False) if n > 1 else acc.unwrap_model(model).state_dict()
     record = {"skipped": skipped, "scales": scales, "state": state, "reloaded": reloaded}
+    try:  # HF's rules: what this rank gets (None / a dict / HF's ZeRO-3 error), which save_model writes
+        hf_sd = acc.get_state_dict(model)
+        record["state_dict"] = None if hf_sd is None else sorted({str(v.dtype) for v in hf_sd.values()})
+    except ValueError as e:
+        hf_sd, record["state_dict_error"] = None, str(e)
     if args.save_model:  # HF: DeepSpeed's 16-bit weights (ZeRO-3 only with gather16, else an error); FSDP: fp32
         try:
             acc.save_model(model, os.path.join(args.out, "model"))
@@ -111,6 +119,9 @@ def main() -> None:
             saved = load_file(os.path.join(args.out, "model", "model.safetensors"))
             record["saved_dtypes"] = sorted({str(v.dtype) for v in saved.values()})
             record["saved_equal"] = all(torch.equal(saved[k], v.detach().to(saved[k].dtype)) for k, v in sd.items())
+            if hf_sd:  # HF's save_model writes get_state_dict's dict: the same tensors, the same dtypes
+                record["saved_is_state_dict"] = (saved.keys() == hf_sd.keys() and
+                                                 all(torch.equal(saved[k], v) for k, v in hf_sd.items()))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"record{r}.json"), "w") as f:
         json.dump(record, f)

@@ -24,7 +24,9 @@
 # broadcast_buffers rule, gradients are the average over ranks, optimizer AdamW or SGD with momentum, clipping
 # torch's clip_grad_norm_. Output in --out: losses.json, weights.safetensors, optim.safetensors ("<param>/<key>"),
 # and from the distributed run per rank: stats<r>.json (bytes per step, model-state bytes), slices<r>.safetensors
-# (model_slices and the optimizer state by optimizer_layout, keyed "<name>@<start>").
+# (model_slices and the optimizer state by optimizer_layout, keyed "<name>@<start>"), statedict<r>.json (what
+# accelerator.get_state_dict gave the rank and the peak bytes it allocated; weights.safetensors holds the fp32
+# weights of strategy.gather_state_dict, as the DeepSpeed face's get_state_dict is 16-bit under --bf16/--fp16).
 import argparse
 import copy as pycopy
 import dataclasses
@@ -329,6 +331,8 @@ def distributed(args: argparse.Namespace) -> None:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         ds = {"train_micro_batch_size_per_gpu": args.global_batch // world,
               "gradient_accumulation_steps": args.grad_accum, "zero_optimization": {"stage": args.stage}}
+        if args.gather16:
+            ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
         if args.ds_clip:
             ds["gradient_clipping"] = args.ds_clip
         if args.bf16:
@@ -386,7 +390,8 @@ def distributed(args: argparse.Namespace) -> None:
     losses.append(eval_loss(kind, model))
     strategy = acc.strategy
     if args.stage == 0:  # NO_SHARD: our DDP, nothing of the engine's to report
-        sd = acc.get_state_dict(model)
+        sd = strategy.gather_state_dict(model)
+        statedict_report(args, acc, model, sd)
         if acc.is_main_process:
             write(args, losses, sd, {})
         acc.wait_for_everyone()
@@ -427,7 +432,9 @@ def distributed(args: argparse.Namespace) -> None:
         for s, data in held:
             s.data.copy_(data)
     strategy.slices_loaded(model)
-    sd = acc.get_state_dict(model)  # collective (gathers unit by unit under stage 3)
+    # the fp32 weights on rank 0 (collective; the DeepSpeed face's get_state_dict is 16-bit under --bf16/--fp16)
+    sd = strategy.gather_state_dict(model)
+    statedict_report(args, acc, model, sd)
     if acc.is_main_process:
         write(args, losses, sd, {})
     if args.resume_check:
@@ -463,6 +470,31 @@ def resume_check(args: argparse.Namespace, acc: Any, model: torch.nn.Module, opt
     same = all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
     with open(os.path.join(args.out, f"resume{r}.json"), "w") as f:
         json.dump({"losses": [runs[0][0], runs[1][0]], "same_weights": same, "same_fp8": runs[0][2] == runs[1][2]}, f)
+
+
+def statedict_report(args: argparse.Namespace, acc: Any, model: torch.nn.Module, fp32: dict) -> None:
+    """statedict<r>.json: what accelerator.get_state_dict gave this rank (None / a dict: its size, dtypes, devices;
+    on rank 0 whether it equals the fp32 weights `fp32` cast to its dtype), HF's ValueError if it raised, and the
+    peak bytes of the tensors it allocated (alloc_track.py) against one gathered unit."""
+    from alloc_track import LiveBytes
+    error, got = None, None
+    with LiveBytes() as live:
+        try:
+            got = acc.get_state_dict(model)
+        except ValueError as e:
+            error = str(e)
+    units = acc.strategy.engines[0].units if acc.strategy.engines else []  # (none under NO_SHARD)
+    rec = {"face": args.face, "stage": args.stage, "gather16": args.gather16, "error": error,
+           "kind": "none" if got is None else "dict", "keys": len(got or {}), "fp32_keys": len(fp32),
+           "dtypes": sorted({str(v.dtype) for v in (got or {}).values() if v.is_floating_point()}),
+           "devices": sorted({v.device.type for v in (got or {}).values()}), "peak": live.peak,
+           "unit_bytes": 4 * max((u.padded for u in units), default=0),
+           "padded_bytes": 4 * sum(u.padded for u in units)}
+    if got and fp32:
+        rec["equal"] = got.keys() == fp32.keys() and all(torch.equal(v, fp32[k].to(v.dtype)) for k, v in got.items())
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"statedict{acc.process_index}.json"), "w") as f:
+        json.dump(rec, f)
 
 
 def write(args: argparse.Namespace, losses: list, sd: dict, optim: dict) -> None:
@@ -504,6 +536,7 @@ def main() -> None:
     p.add_argument("--construct_flag", action="store_true",
                    help="FSDP cpu_ram_efficient_loading / DeepSpeed zero3_init_flag")
     p.add_argument("--track_alloc", action="store_true", help="alloc<r>.json: peak live tensor bytes in prepare")
+    p.add_argument("--gather16", action="store_true", help="DeepSpeed: stage3_gather_16bit_weights_on_model_save")
     p.add_argument("--save_model", default="", help="accelerator.save_model into this directory after training")
     p.add_argument("--fp8", action="store_true", help="Accelerator(mixed_precision='fp8'): FP8Linear layers")
     p.add_argument("--fp8_recipe", default="", help="with --fp8: FORMAT[:delayed[:LEN[:ALGO]]] (FP8RecipeKwargs)")
