@@ -5,6 +5,9 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-stamp
+# pytest workers (pytest-xdist): the multi-process tests wait on startup and rendezvous, so two workers keep the
+# two cores busy; TEST_WORKERS=0 runs the suite in one process
+TEST_WORKERS ?= 2
 
 .PHONY: venv install build demo test bench clean
 
@@ -13,7 +16,7 @@ $(STAMP): Makefile
 	$(VPY) -m pip install -q --upgrade "setuptools>=61" wheel
 	$(VPY) -m pip install -q torch==2.13.0
 	$(VPY) -m pip install -q accelerate==1.15.0 transformers==5.24.0 tensorboard==2.21.0 \
-		safetensors pytest numpy tqdm pyyaml psutil
+		safetensors pytest pytest-xdist numpy tqdm pyyaml psutil
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -28,7 +31,7 @@ demo: install
 	$(VPY) -m accelerate_c launch --num_processes 2 examples/train_gpt.py $(or $(DEMO_ARGS),--overwrite)
 
 test: install
-	$(VPY) -m pytest -q tests
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) tests
 
 bench: install
 	$(VPY) benchmarks/run_all.py

@@ -29,7 +29,6 @@ from sharded_train import build  # noqa: E402
 CASES = [  # model, face, stage, nproc, extra
     ("bn", "fsdp", 3, 2, ["--meta", "all", "--seed_per_rank", "--construct_flag", "--optim", "sgd"]),
     ("bn", "ds", 2, 3, ["--meta", "rank0_real", "--construct_flag", "--optim", "sgd", "--ignore", "head"]),
-    ("bn", "ds", 1, 2, ["--meta", "all", "--seed_per_rank", "--optim", "sgd"]),
     ("gpt2", "ds", 3, 3, ["--meta", "all", "--seed_per_rank", "--construct_flag", "--wrap", "layer"]),
     ("gpt2", "fsdp", 2, 2, ["--meta", "rank0_real", "--construct_flag", "--wrap", "layer"]),
     ("llama", "fsdp", 3, 2, ["--meta", "rank0_real", "--construct_flag", "--wrap", "llayer"]),
