@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 
 def _record(exc: BaseException) -> None:
@@ -96,12 +97,14 @@ def _leave(code: object) -> None:
         shutdown()
     atexit._run_exitfuncs()
     gc.collect()
-    for obj in gc.get_objects():
-        try:
-            if isinstance(obj, io.IOBase) and not obj.closed and obj.writable():
-                obj.flush()
-        except Exception:  # noqa: BLE001 - a broken file must not change the rank's exit status
-            pass
+    with warnings.catch_warnings():  # (the isinstance test touches deprecated objects, e.g. dist.reduce_op)
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            try:
+                if isinstance(obj, io.IOBase) and not obj.closed and obj.writable():
+                    obj.flush()
+            except Exception:  # noqa: BLE001 - a broken file must not change the rank's exit status
+                pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
