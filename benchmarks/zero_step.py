@@ -3,6 +3,8 @@
 #   ddp:   our bucketed DDP (`accelerate_c launch`, no plugin), the baseline
 #   z1/z2/z3: the sharded engine through DeepSpeedPlugin(zero_stage=1/2/3)
 #   fsdp2: torch FSDP2 (`fully_shard` on every Block, then the root; gloo), `torch.distributed.run`
+#   local: each of the 2 processes trains the plain model on its own batch, no process group, no collective
+#          (torch's fused AdamW): the compute floor that every data-parallel step above contains
 # Each run also times the optimizer step alone (opt.step()) per rank: under ZeRO a rank steps 1/N of the
 # parameters. ddp_nosplit (ACCELERATE_C_SHARDED_STEP=0: every DDP rank steps every parameter) gives the
 # per-rank step of plain DDP. The driver interleaves the runs for --rounds rounds and reports medians.
@@ -30,7 +32,7 @@ sys.path.insert(0, HERE)
 from ddp_step import add_model_args, free_port, make_batches, make_model  # noqa: E402  (the same model and data)
 from _results import append_results  # noqa: E402
 
-KINDS = ("ddp", "ddp_nosplit", "z1", "z2", "z3", "fsdp2")
+KINDS = ("ddp", "ddp_nosplit", "z1", "z2", "z3", "fsdp2", "local")
 BF16_KINDS = ("z1_bf16", "z1_bf16_torch", "z2_bf16", "z2_bf16_torch", "z3_bf16", "z3_bf16_torch")
 
 
@@ -56,7 +58,13 @@ def worker(args) -> None:
     import torch
     torch.set_num_threads(1)
     out: dict = {}
-    if args.worker == "fsdp2":
+    if args.worker == "local":
+        rank = int(os.environ.get("RANK", "0"))
+        model = make_model(args)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, fused=True)
+        out["times"], out["opt_times"], out["losses"] = timed_steps(model, opt, make_batches(args, rank),
+                                                                    lambda l: l.backward())
+    elif args.worker == "fsdp2":
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -143,7 +151,7 @@ def main() -> None:
     add_model_args(p)
     p.add_argument("--kinds", default=None, help=f"default: {','.join(KINDS)} ({','.join(BF16_KINDS)} with --bf16)")
     p.add_argument("--bf16", action="store_true", help="the sharded stages in bf16, C paths vs torch copies")
-    p.add_argument("--worker", choices=["ddp", "z1", "z2", "z3", "fsdp2"], help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=["ddp", "z1", "z2", "z3", "fsdp2", "local"], help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -181,9 +189,13 @@ def main() -> None:
         lines.append(f"| {k} | {med[k]:.1f} | {r_ddp} | {r_f} | {omed[k]:.1f} | "
                      f"{'-' if b is None else f'{b / 1e6:.1f} MB'} | {'-' if s is None else f'{s / 1e6:.1f} MB'} |")
     ref = losses.get("ddp")
-    if ref:
-        diffs = {k: max(abs(a - b) for a, b in zip(ref, v)) for k, v in losses.items()}
+    if ref:  # (local: rank 0 trains on its own batch only, so its losses are not the data-parallel ones)
+        diffs = {k: max(abs(a - b) for a, b in zip(ref, v)) for k, v in losses.items() if k != "local"}
         lines += ["", "- per-step losses vs our DDP, max |diff|: " + ", ".join(f"{k} {d:.2e}" for k, d in diffs.items())]
+    if "local" in med and "fsdp2" in med:
+        lines.append(f"- compute floor (local: no collective) {med['local']:.1f} ms vs 0.5x FSDP2 = "
+                     f"{0.5 * med['fsdp2']:.1f} ms; z3 above the floor: "
+                     + (f"{med['z3'] - med['local']:.1f} ms" if "z3" in med else "-"))
     if "ddp_nosplit" in omed:
         for z in ("z1", "z2", "z3"):
             if z in omed:
