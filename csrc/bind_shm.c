@@ -262,6 +262,36 @@ static PyObject *py_broadcast(PyObject *m, PyObject *const *args, Py_ssize_t nar
     Py_RETURN_NONE;
 }
 
+/* shm_scatter(handle, input, output, root): root's input (nranks * output bytes) -> every rank's output,
+ * block q to rank q; input is only read on root and may be None elsewhere */
+static PyObject *py_scatter(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (!nargs_ok(nargs, 4, "shm_scatter")) return NULL;
+    acc_shm_group *g = get_group(args[0], "shm_scatter");
+    acc_tensor in, out;
+    long root = PyLong_AsLong(args[3]);
+    if (!g || (root == -1 && PyErr_Occurred()) || acc_tensor_borrow_cpu(m, args[2], &out, "shm_scatter output", -1) < 0)
+        return NULL;
+    size_t nb = (size_t)out.numel * acc_dtype_size(out.dtype);
+    int me = acc_shm_group_rank(g), n = acc_shm_group_size(g);
+    const void *src = NULL;
+    if (args[1] != Py_None) {
+        if (acc_tensor_borrow_cpu(m, args[1], &in, "shm_scatter input", -1) < 0) return NULL;
+        src = in.data;
+        if ((size_t)in.numel * acc_dtype_size(in.dtype) != nb * (size_t)n)
+            return PyErr_Format(PyExc_ValueError, "shm_scatter: rank %d's input must hold %d x %zu bytes (the "
+                                "output's size), not %zu", me, n, nb, (size_t)in.numel * acc_dtype_size(in.dtype));
+    } else if (me == root) {
+        return PyErr_Format(PyExc_ValueError, "shm_scatter: rank %d is the root and passed no input", me);
+    }
+    acc_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = acc_shm_async_drain(g);
+    if (st == ACC_OK) st = acc_shm_scatter(g, src, out.data, nb, (int)root);
+    Py_END_ALLOW_THREADS
+    if (st) return acc_raise_status(st, "shm_scatter");
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_barrier(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
     if (!nargs_ok(nargs, 1, "shm_barrier")) return NULL;
     acc_shm_group *g = get_group(args[0], "shm_barrier");
@@ -351,6 +381,9 @@ PyMethodDef acc_shm_methods[] = {
      "shm_all_gather($module, handle, input, output, /)\n--\n\nRaw-byte all-gather in rank order."},
     {"shm_broadcast", FC(py_broadcast),
      "shm_broadcast($module, handle, tensor, root, /)\n--\n\nRaw-byte broadcast from root, in place."},
+    {"shm_scatter", FC(py_scatter),
+     "shm_scatter($module, handle, input, output, root, /)\n--\n\n"
+     "Raw-byte scatter: root's input block q (output's size) -> rank q's output; input None off the root."},
     {"shm_barrier", FC(py_barrier), "shm_barrier($module, handle, /)\n--\n\nBarrier over the local group."},
     {"shm_region_fd", FC(py_region_fd),
      "shm_region_fd($module, name, create, total_bytes, /)\n--\n\nOpen (or create, 0600) a region; returns an fd."},

@@ -100,6 +100,17 @@ def _same_everywhere(t):
     return all(torch.equal(lst[0], x) for x in lst)
 
 
+def _check_scatter(g, dist, x, n, dtype, srcs):
+    """g.scatter of x (n * ws elements, each rank's own) from every src in srcs vs gloo's scatter."""
+    ws, rank = dist.get_world_size(), dist.get_rank()
+    for src in srcs:
+        out, ref = torch.full((n,), -7).to(dtype), torch.empty(n, dtype=dtype)
+        g.scatter(out, x if rank == src else None, src)
+        if n:
+            dist.scatter(ref, list(x.split(n)) if rank == src else None, src=src)
+            assert torch.equal(out, ref), ("scatter", dtype, n, src)
+
+
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64]
 
 
@@ -140,7 +151,8 @@ def _w_collectives(rank, ws):
             g.broadcast(b1, ws - 1)
             dist.broadcast(b2, ws - 1)
             assert torch.equal(b1, b2), ("broadcast", dtype, n)
-            checked += 3
+            _check_scatter(g, dist, x, n, dtype, (ws - 1, 0))
+            checked += 4
     # every SIMD level gives the same bits on the reduction kernels
     x = (torch.randn(3000, generator=gen) * 50)
     results = {}
@@ -177,6 +189,10 @@ def _w_collectives(rank, ws):
     b2 = base.clone()
     dist.broadcast(b2, 0)
     assert torch.equal(buf, b2)
+    for src in (ws - 1, 0):  # scatter from the segment: the peers read src's part (src's own block copied)
+        out = torch.empty(9000)
+        g.scatter(out, buf[13:13 + 9000 * ws] if rank == src else None, src)
+        assert torch.equal(out, b2[13 + 9000 * rank:13 + 9000 * (rank + 1)]), src
     hb = g.alloc(5000, torch.bfloat16)
     hb.copy_(base[:5000].to(torch.bfloat16))
     g.all_reduce(hb)
@@ -224,7 +240,7 @@ def _w_staged_many_chunks(rank, ws):
             (torch.float32, 3 * CHUNK // 8 + 1, "max"), (torch.bfloat16, 7 * CHUNK // 2 - 3, "sum"),
             (torch.int64, 5 * CHUNK // 8 + 7, "min"), (torch.float16, 2 * CHUNK + 1, "avg"),
             (torch.float32, 31 * CHUNK // 4, "sum")]
-    ins, outs = [], []
+    ins, outs, scat = [], [], []
     for i, (dtype, n, op) in enumerate(plan * 3):
         x = (torch.randn(n, generator=gen) * 50).to(dtype)
         ins.append(x)
@@ -234,6 +250,12 @@ def _w_staged_many_chunks(rank, ws):
             gath = torch.empty(y.numel() * ws)
             g.all_gather(gath, y)
             outs.append((gath, y))
+        if i % 3 == 2:  # a staged scatter of several chunks (src varies), no gloo call in between
+            src, m = i % ws, 3 * CHUNK // 4 + 1 + i
+            z = torch.randn(m * ws, generator=gen)
+            sc = torch.empty(m)
+            g.scatter(sc, z if rank == src else None, src)
+            scat.append((src, m, z, sc))
     k = 0
     import torch.distributed as dist
     for i, (dtype, n, op) in enumerate(plan * 3):
@@ -247,6 +269,10 @@ def _w_staged_many_chunks(rank, ws):
             dist.all_gather(lst, y)
             assert torch.equal(gath, torch.cat(lst)), i
             k += 1
+    for src, m, z, sc in scat:
+        ref = torch.empty(m)
+        dist.scatter(ref, list(z.split(m)) if rank == src else None, src=src)
+        assert torch.equal(sc, ref), ("scatter", src, m)
     g.close()
     return len(plan) * 3
 
@@ -282,6 +308,13 @@ def _w_hier(rank, ws):
         g.broadcast(a, src)
         dist.broadcast(b, src)
         assert torch.equal(a, b), src
+    big = torch.randn(9001 * ws, generator=gen)
+    for src in range(ws):  # hosts A, B interleaved: the slabs regroup the blocks by host
+        out = torch.empty(9001)
+        g.scatter(out, big if rank == src else None, src)
+        ref = torch.empty(9001)
+        dist.scatter(ref, list(big.split(9001)) if rank == src else None, src=src)
+        assert torch.equal(out, ref), ("scatter", src)
     gath = torch.empty(1001 * ws)
     g.all_gather(gath, x)
     lst = [torch.empty(1001) for _ in range(ws)]
@@ -348,6 +381,9 @@ def _w_mismatch(rank, ws):
     os.environ["ACCELERATE_C_COMM"] = "torch"
     grp = get_group()
     assert isinstance(grp, TorchGroup) and torch.equal(grp.all_reduce(torch.ones(3), "avg"), torch.ones(3))
+    sc = torch.empty(2, 3)  # TorchGroup.scatter (gloo), a non-contiguous output, src 1
+    grp.scatter(sc.t(), torch.arange(12.0).view(2, 3, 2) if rank == 1 else None, 1)
+    assert torch.equal(sc.t(), torch.arange(6.0 * rank, 6.0 * rank + 6).view(3, 2)), sc
     release_groups()
     del os.environ["ACCELERATE_C_COMM"]
     out = {}
@@ -362,6 +398,15 @@ def _w_mismatch(rank, ws):
         g.all_reduce(torch.ones(10, dtype=torch.float32 if rank == 0 else torch.float64))
     except RuntimeError as e:
         out["dtype"] = str(e)
+    g.close()
+    g = ShmGroup(timeout=10)
+    try:  # rank 0 scatters while rank 1 broadcasts
+        if rank == 0:
+            g.scatter(torch.empty(5), torch.ones(10), 0)
+        else:
+            g.broadcast(torch.empty(5), 0)
+    except RuntimeError as e:
+        out["scatter"] = str(e)
     g.close()
     g = ShmGroup(timeout=10)
     g.set_timeout(0.5)  # after creation: attaching is not what this checks
@@ -387,6 +432,8 @@ def test_mismatch_and_timeout_are_clear_errors():
     for r in (0, 1):
         assert "mismatched" in res[r]["size"] and "count=10" in res[r]["size"] and "count=11" in res[r]["size"]
         assert "mismatched" in res[r]["dtype"] and "float64" in res[r]["dtype"]
+        assert "mismatched" in res[r]["scatter"] and "scatter(count=20" in res[r]["scatter"] \
+            and "broadcast(count=20" in res[r]["scatter"], res[r]["scatter"]
     rank0 = res[0]["late"]
     assert rank0[1] == "TimeoutError" and "all_reduce" in rank0[2] and "rank(s) 1" in rank0[2], rank0
     assert "late" in res[1] and "timed out" in res[1]["late"][2]  # the late rank learns why the group died

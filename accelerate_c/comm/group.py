@@ -7,7 +7,8 @@
 # Common interface (CollectiveGroup): all_reduce(tensor, op="sum") in place; all_reduce_into(output, input, op)
 # out of place (input untouched); all_reduce_async(tensor, op)
 # -> Work; reduce_scatter(output, input, op); all_gather(output, input) (flat, rank order); broadcast(tensor,
-# src) with src a rank *of the group*; barrier(); alloc(numel, dtype) (shared memory when the transport has
+# src) with src a rank *of the group*; scatter(output, input, src) (src's input, size * output.numel() elements,
+# block q -> rank q's output; input is only read on src, None elsewhere); barrier(); alloc(numel, dtype) (shared memory when the transport has
 # it); host_group() (the ShmGroup of this host's ranks, or None); close(). `op` is "sum" | "avg" | "max" |
 # "min" | "sum_div" (the sum, then divided by the group size as torch divides) (or a dist.ReduceOp).
 # Non-CPU tensors always go to torch.distributed on `pg` (NCCL/gloo). ACCELERATE_C_COMM=torch forces the plain
@@ -21,7 +22,7 @@ from typing import Any, Optional, Protocol
 import torch
 import torch.distributed as dist
 
-from accelerate_c.comm.shm import ShmGroup, Work, _op_code
+from accelerate_c.comm.shm import ShmGroup, Work, _op_code, check_scatter_input
 
 # avg and sum_div = sum / n: torch's division of the summed tensor
 _TORCH_OPS = [dist.ReduceOp.SUM, dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.SUM]
@@ -43,6 +44,7 @@ class CollectiveGroup(Protocol):
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor: ...
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor: ...
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor: ...
+    def scatter(self, output: torch.Tensor, input: Optional[torch.Tensor], src: int = 0) -> torch.Tensor: ...
     def barrier(self) -> None: ...
     def alloc(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor: ...
     def host_group(self) -> Any: ...
@@ -96,6 +98,20 @@ class TorchGroup:
         dist.broadcast(tensor, src=self._global(src), group=self.pg)
         return tensor
 
+    def scatter(self, output: torch.Tensor, input: Optional[torch.Tensor], src: int = 0) -> torch.Tensor:
+        n = output.numel()
+        parts = None
+        if self.rank == src:
+            parts = list(check_scatter_input(output, input, self.size, self.rank).reshape(-1).split(n))
+        if not n:  # the size is the same on every rank: nobody calls
+            return output
+        out = output if output.is_contiguous() else torch.empty_like(output, memory_format=torch.contiguous_format)
+        dist.scatter(out.view(-1), [p.to(out.device, out.dtype) for p in parts] if parts is not None else None,
+                     src=self._global(src), group=self.pg)
+        if out is not output:
+            output.copy_(out)
+        return output
+
     def barrier(self) -> None:
         dist.barrier(group=self.pg)
 
@@ -142,6 +158,12 @@ class _CpuOrTorch:
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         return self._pick(tensor).broadcast(tensor, src)
+
+    def scatter(self, output: torch.Tensor, input: Optional[torch.Tensor], src: int = 0) -> torch.Tensor:
+        # by the output alone: every rank must take the same route, and only src has an input
+        if output.is_cpu:
+            return self.inner.scatter(output, input, src)
+        return self._pick(output).scatter(output, input, src)
 
     def barrier(self) -> None:
         self.inner.barrier()

@@ -1,6 +1,8 @@
 # hierarchical.py: HierarchicalGroup, collectives for a process group that spans several hosts with several
 # ranks on each: reduce inside each host over shared memory (ShmGroup), combine across hosts over
-# torch.distributed among one leader per host (gloo / NCCL), then broadcast inside each host.
+# torch.distributed among one leader per host (gloo / NCCL), then broadcast inside each host. A scatter goes the
+# other way: the source's host leader scatters one slab per host over the leaders, each leader scatters its
+# slab inside its host.
 # Not for: choosing when to use it (group.get_group does) or single-host groups (ShmGroup alone).
 #
 # Construction is collective over `pg`: every rank calls dist.new_group for every host's sub-group and for
@@ -13,7 +15,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from accelerate_c.comm.shm import ShmGroup, Work, _op_code
+from accelerate_c.comm.shm import ShmGroup, Work, _op_code, check_scatter_input
 
 _TORCH_OPS = [dist.ReduceOp.SUM, dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.SUM]
 
@@ -80,6 +82,32 @@ class HierarchicalGroup:
             if n:
                 out[r].copy_(grid[self.host_of[r], self.host_ranks[self.host_of[r]].index(r)])
 
+    def _scatter(self, output: torch.Tensor, input: Optional[torch.Tensor], src: int) -> None:
+        """output contiguous. Slab h = the blocks of host h's ranks in local order (padded to the widest host);
+        the leaders scatter the slabs, then each host scatters its slab from its leader (local 0)."""
+        n, src_host = output.numel(), self.host_of[src]
+        if not n:  # the same on every rank
+            return
+        width = max(len(r) for r in self.host_ranks)
+        slabs = None
+        root = self.host_ranks[src_host][0]  # the source host's leader
+        if self.rank == src or (self.host == src_host and src != root):
+            slabs = torch.empty(len(self.host_ranks), width, n, dtype=output.dtype)
+            if self.rank == src:
+                blocks = input.view(self.size, n)
+                for h, ranks in enumerate(self.host_ranks):
+                    slabs[h, :len(ranks)] = blocks[ranks]
+            if src != root:  # the source is not its host's leader: hand the slabs over
+                self.shm.raw_broadcast(slabs.view(-1), self.host_ranks[src_host].index(src))
+        mine = None
+        if self.is_leader:
+            mine = torch.empty(width, n, dtype=output.dtype)
+            dist.scatter(mine, list(slabs.unbind(0)) if self.rank == root else None,
+                         src=dist.get_global_rank(self.pg, root) if self.pg is not None else root,
+                         group=self.leaders_pg)
+        here = len(self.host_ranks[self.host])
+        self.shm.raw_scatter(output.view(-1), mine[:here].reshape(-1) if self.is_leader else None, 0)
+
     # ---- CollectiveGroup interface --------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: Any = "sum") -> torch.Tensor:
         code = _op_code(op)
@@ -115,6 +143,18 @@ class HierarchicalGroup:
         self.shm.synchronize()
         self._broadcast(tensor, src)
         return tensor
+
+    def scatter(self, output: torch.Tensor, input: Optional[torch.Tensor], src: int = 0) -> torch.Tensor:
+        """output = block `rank` of src's input (size * output.numel() elements, read on src only)."""
+        if not 0 <= src < self.size:
+            raise ValueError(f"scatter: src {src} out of range for {self.size} ranks")
+        inp = check_scatter_input(output, input, self.size, self.rank).reshape(-1) if self.rank == src else None
+        self.shm.synchronize()
+        out = output if output.is_contiguous() else output.contiguous()
+        self._scatter(out, inp, src)
+        if out is not output:
+            output.copy_(out)
+        return output
 
     def barrier(self) -> None:
         self.shm.barrier()

@@ -56,6 +56,18 @@ def pg_timeout(pg: Optional[dist.ProcessGroup]) -> float:
         return t.total_seconds() if isinstance(t, timedelta) else 1800.0
 
 
+def check_scatter_input(output: torch.Tensor, input: Optional[torch.Tensor], size: int, rank: int) -> torch.Tensor:
+    """The scatter source's input, checked (size * output.numel() elements), contiguous, of output's dtype."""
+    if input is None:
+        raise ValueError(f"scatter: rank {rank} is the source and passed no input")
+    if input.numel() != size * output.numel():
+        raise ValueError(f"scatter: rank {rank}'s input has {input.numel()} elements, expected {size} x "
+                         f"{output.numel()} (the group size times the output's)")
+    if input.dtype != output.dtype:
+        raise ValueError(f"scatter: rank {rank}'s input is {input.dtype}, its output {output.dtype}")
+    return input.contiguous()
+
+
 class Work:
     """Handle of an async collective: wait() blocks until it finished and re-raises its error."""
 
@@ -219,6 +231,10 @@ class ShmGroup:
     def raw_broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         _C.shm_broadcast(self._h, tensor, src)
 
+    def raw_scatter(self, output: torch.Tensor, input: Optional[torch.Tensor], src: int = 0) -> None:
+        """`output` contiguous; `input` (on src) checked and contiguous."""
+        _C.shm_scatter(self._h, input, output, src)
+
     def raw_all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
         _C.shm_all_gather(self._h, input, output)
 
@@ -259,6 +275,19 @@ class ShmGroup:
             return tensor.copy_(tmp)
         _C.shm_broadcast(self._h, tensor, src)
         return tensor
+
+    def scatter(self, output: torch.Tensor, input: Optional[torch.Tensor], src: int = 0) -> torch.Tensor:
+        """output = block `rank` of src's input (size * output.numel() elements; read on src only, None
+        elsewhere). Zero-copy for the peers when src's input lives in alloc() memory; src's own block is copied."""
+        if self._pending:
+            self.synchronize()
+        inp = check_scatter_input(output, input, self.size, self.rank) if self.rank == src else None
+        if not output.is_contiguous():
+            tmp = output.contiguous()
+            _C.shm_scatter(self._h, inp, tmp, src)
+            return output.copy_(tmp)
+        _C.shm_scatter(self._h, inp, output, src)
+        return output
 
     def barrier(self) -> None:
         """Every rank of the group arrives before any leaves. The wait spins ~50 us, then sleeps on a futex

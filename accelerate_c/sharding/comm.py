@@ -19,14 +19,16 @@ KINDS = ("reduce_scatter", "all_gather", "all_reduce", "control")
 class ShardComm:
     """`group`: the ranks a unit is sharded over. HYBRID_SHARD: `group` is this host's ranks, `cross` the torch
     process group of the ranks holding the same shard on the other hosts (`replicas` of them, this one `replica`),
-    over which each reduced shard gradient is averaged again; `world` the group of every rank (the used mask)."""
+    over which each reduced shard gradient is averaged again (`cross_root`: the global rank of its member on rank 0's
+    host, replica 0); `world` the group of every rank (the used mask)."""
 
     def __init__(self, group: Any, device: torch.device, cross: Optional[Any] = None, replicas: int = 1,
-                 replica: int = 0, world: Optional[Any] = None) -> None:
+                 replica: int = 0, world: Optional[Any] = None, cross_root: int = 0) -> None:
         self.group = group
         self.device = device
         self.rank, self.size = group.rank, group.size
         self.cross, self.replicas, self.replica = cross, replicas, replica
+        self.cross_root = cross_root
         self.world = world if world is not None else group
         host = group.host_group() if device.type == "cpu" else None
         # the shared-memory group of all our ranks (None across hosts or with the torch transport)

@@ -6,7 +6,8 @@
 # Unit by unit, in one schedule every rank computes from the module structure (the order in which units complete
 # on rank 0), rank 0 packs the unit into a flat buffer (its parameters were materialised as views of it, so
 # packing copies nothing) and
-#   stage 3:   sends each rank its shard (one broadcast per shard into a shard-sized scratch), then frees the unit:
+#   stage 3:   sends each rank its shard (one scatter over the shard group: each rank receives only its own shard;
+#              HYBRID_SHARD: scatter on rank 0's host, then each shard broadcast to its replicas), then frees the unit:
 #              a rank holds its shards plus at most one unit (rank 0: plus a unit whose tensors wait for a later
 #              init, e.g. a root holding tied embeddings);
 #   stage 1/2: broadcasts the unit into every rank's full flat buffer (the full parameters are what these stages
@@ -68,7 +69,6 @@ class _Placement:
         # broadcast reads it in place (every rank's view at the same offset of the shared region)
         self.in_place = engine.stage in (1, 2) and not engine.low and self.world is self.comm.group
         self.bufs: dict[int, torch.Tensor] = {}
-        self.scratch: Optional[torch.Tensor] = None
         modules = [u.module for u in engine.units]
         rel = release_points(engine.model, modules)
         done = {u.index: max(rel[id(x.param)] for x in u.entries) for u in engine.units}
@@ -142,20 +142,14 @@ class _Placement:
 
     def _scatter(self, u: FlatUnit, buf: Optional[torch.Tensor], mine: torch.Tensor) -> None:
         """Rank 0's unit `buf` -> every rank's shard `mine` (ranks holding the same shard on other hosts too)."""
-        s, comm = u.shard, self.comm
-        if not s:
+        comm = self.comm
+        if not u.shard:
             return
-        if not self.src and self.scratch is None:
-            self.scratch = torch.empty(max(x.shard for x in self.e.units), dtype=torch.float32, device=self.device)
-        for q in range(comm.size):
-            piece = buf[q * s:(q + 1) * s] if self.src else self.scratch[:s]
-            if q == 0 and comm.replicas == 1:  # nobody but rank 0 holds shard 0
-                if self.src:
-                    mine.copy_(piece)
-                continue
-            self.world.broadcast(piece, 0)
-            if q == comm.rank:
-                mine.copy_(piece)
+        if comm.replica == 0:  # rank 0's host (replica 0 of every shard): one scatter over the shard group
+            comm.group.scatter(mine, buf[:u.padded] if self.src else None, 0)
+        if comm.replicas > 1:  # HYBRID_SHARD: replica 0 of shard q (cross rank 0) -> the ranks holding q elsewhere
+            import torch.distributed as dist
+            dist.broadcast(mine, src=comm.cross_root, group=comm.cross)
 
     # -- the whole model -----------------------------------------------------------------------------------
     def run(self) -> None:

@@ -121,12 +121,13 @@ class ShardedDataParallel(BucketedDataParallel):
                              f"{ {h: len(m) for h, m in members.items()} }")
         local = sizes.pop()
         cross = None
+        mine = members[hosts[world.rank]].index(world.rank)
         for i in range(local):
             g = dist.new_group([members[h][i] for h in order])
-            if i == members[hosts[world.rank]].index(world.rank):
+            if i == mine:
                 cross = g
         return ShardComm(host, device, cross=cross, replicas=len(order), replica=order.index(hosts[world.rank]),
-                         world=world)
+                         world=world, cross_root=members[order[0]][mine])
 
     # -- preparation -------------------------------------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:

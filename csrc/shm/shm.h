@@ -56,7 +56,10 @@ void acc_shm_region_unregister(acc_shm_group *g, void *base);
  * offset in every rank's part: allocate regions collectively and identically).
  * reduce_scatter: in[0 : count*N) -> out[0 : count) = reduction of every rank's in[rank*count : +count).
  * all_gather: in[0:nbytes) of every rank -> out[0 : N*nbytes) in rank order (raw bytes).
- * broadcast: data[0:nbytes) of `root` to every rank (raw bytes). */
+ * broadcast: data[0:nbytes) of `root` to every rank (raw bytes).
+ * scatter: in[q*nbytes : (q+1)*nbytes) of `root` -> out[0:nbytes) of rank q (raw bytes); `in` is only read,
+ * and only on root (NULL elsewhere). Zero-copy when root's `in` lies in a registered region (only root's
+ * placement matters: peers read root's part directly). */
 acc_status acc_shm_all_reduce(acc_shm_group *g, void *data, size_t count, acc_dtype dtype, acc_redop op);
 /* Out-of-place all_reduce: out[0:count) = reduction over ranks of in[0:count); `in` is only read. `out` is
  * either `in` itself (then it is acc_shm_all_reduce) or does not overlap it. Same paths as the in-place op
@@ -68,6 +71,7 @@ acc_status acc_shm_reduce_scatter(acc_shm_group *g, const void *in, void *out, s
                                   acc_redop op);
 acc_status acc_shm_all_gather(acc_shm_group *g, const void *in, void *out, size_t nbytes);
 acc_status acc_shm_broadcast(acc_shm_group *g, void *data, size_t nbytes, int root);
+acc_status acc_shm_scatter(acc_shm_group *g, const void *in, void *out, size_t nbytes, int root);
 acc_status acc_shm_barrier(acc_shm_group *g);
 
 /* Async all-reduce (for overlapping gradient communication with backward): a worker thread per group runs

@@ -1,5 +1,5 @@
 /* shm_coll.c: the collectives over a group's segment: all_reduce, reduce_scatter, all_gather,
- * broadcast, barrier. Three paths per op, chosen per call from the size and where the data lives:
+ * broadcast, scatter, barrier. Three paths per op, chosen per call from the size and where the data lives:
  *   small (bytes a rank contributes <= small_bytes): copy into small[call & 1], one arrival, every rank
  *       reads what it needs from every peer's small buffer. No trailing barrier: to reuse small[b] a rank
  *       must first have waited for every peer's arrival of the next call, which peers only make after
@@ -26,13 +26,14 @@ static const char *op_name(uint32_t kind) {
     case OP_REDUCE_SCATTER: return "reduce_scatter";
     case OP_ALL_GATHER: return "all_gather";
     case OP_BROADCAST: return "broadcast";
+    case OP_SCATTER: return "scatter";
     default: return "barrier";
     }
 }
 
 static void desc_str(const shm_desc *d, char *buf, size_t cap) {
     snprintf(buf, cap, "%s(count=%llu, dtype=%s, %s=%u, %s)", op_name(d->kind), (unsigned long long)d->count,
-             acc_dtype_name((acc_dtype)d->dtype), d->kind == OP_BROADCAST ? "root" : "op", d->redop,
+             acc_dtype_name((acc_dtype)d->dtype), d->kind == OP_BROADCAST || d->kind == OP_SCATTER ? "root" : "op", d->redop,
              d->zoff == UINT64_MAX ? "ordinary buffer" : "shm buffer");
 }
 
@@ -51,6 +52,7 @@ static acc_status begin(acc_shm_group *g, uint32_t kind, acc_dtype dtype, uint32
     d->redop = redop;
     d->count = count;
     d->zoff = zoff;
+    d->zreg = 0;
     g->ncalls++;
     return ACC_OK;
 }
@@ -64,8 +66,9 @@ static acc_status first_sync(acc_shm_group *g, uint32_t kind) {
     const shm_desc *mine = &g->slots[g->rank].desc[b];
     for (int q = 0; q < g->nranks; q++) {
         const shm_desc *d = &g->slots[q].desc[b];
+        /* scatter: only the root's input placement matters (the others read it from the root's descriptor) */
         if (d->call == mine->call && d->kind == mine->kind && d->dtype == mine->dtype && d->redop == mine->redop &&
-            d->count == mine->count && d->zoff == mine->zoff)
+            d->count == mine->count && (d->zoff == mine->zoff || kind == OP_SCATTER))
             continue;
         char a[160], c[160], msg[1024];
         desc_str(mine, a, sizeof a);
@@ -326,6 +329,85 @@ acc_status acc_shm_broadcast(acc_shm_group *g, void *data, size_t nbytes, int ro
         if (me == root) memcpy(shm_staging(g, me, k), (char *)data + off, m);
         if ((st = off == 0 ? first_sync(g, OP_BROADCAST) : sync_again(g, OP_BROADCAST))) return st;
         if (me != root) memcpy((char *)data + off, shm_staging(g, root, k), m);
+    }
+    return ACC_OK;
+}
+
+/* Scatter of root's in[q*nbytes, +nbytes) to rank q's out. The path is the root's choice: the small one
+ * from the size (every rank knows it), else zero-copy when root's `in` lies in a registered region, else
+ * staged. Only the root knows which of the last two, so it publishes zoff (and the region index) in its
+ * descriptor, and the peers, who do nothing before the first arrival, read it there after that arrival.
+ *   small (N*nbytes <= small_bytes): root copies everything into small[call & 1]; same reuse rule as
+ *       broadcast (root rewrites small[b] two calls later, after every peer's arrival of the call in between).
+ *   zero-copy: peers read their block from root's part, then a second arrival so the root does not return
+ *       (and let the caller touch `in`) while a peer still reads.
+ *   staged: chunk k (k = nstage, across calls) carries elements [off, off+m) of every block but root's own,
+ *       the block of rank q in slot j(q) = q - (q > root) of root's staging[k & 1] (chunk_bytes / (N-1) bytes
+ *       per slot); root copies its own block straight to its `out`. One arrival per chunk; root rewrites
+ *       staging[k & 1] for chunk k+2 only after waiting for the arrival of chunk k+1, which every peer makes
+ *       after reading chunk k (the broadcast / all_gather argument; nstage is shared with them). */
+acc_status acc_shm_scatter(acc_shm_group *g, const void *in, void *out, size_t nbytes, int root) {
+    const int N = g->nranks, me = g->rank;
+    if (root < 0 || root >= N) {
+        acc_set_error("shm scatter: root %d out of range for %d ranks", root, N);
+        return ACC_ERR_ARG;
+    }
+    if (me == root && nbytes && !in) {
+        acc_set_error("shm scatter: the root (rank %d) has no input", me);
+        return ACC_ERR_ARG;
+    }
+    const size_t total = nbytes * (size_t)N;
+    char *part0 = NULL;
+    size_t pstride = 0;
+    uint64_t zoff = me == root && total > g->small_bytes ? region_offset(g, in, total, &part0, &pstride) : UINT64_MAX;
+    acc_status st = begin(g, OP_SCATTER, ACC_U8, (uint32_t)root, nbytes, zoff);
+    if (st) return st;
+    const uint32_t call = g->ncalls - 1;
+    if (zoff != UINT64_MAX)
+        for (int i = 0; i < g->nregions; i++)
+            if (g->regions[i].base == part0) g->slots[me].desc[call & 1u].zreg = (uint32_t)i;
+    char *o = (char *)out;
+    const char *mine = me == root ? (const char *)in + (size_t)me * nbytes : NULL;
+    if (total <= g->small_bytes) {
+        if (me == root) memcpy(shm_small(g, me, call), in, total);
+        if ((st = first_sync(g, OP_SCATTER))) return st;
+        if (me == root) memmove(o, mine, nbytes);
+        else memcpy(o, shm_small(g, root, call) + (size_t)me * nbytes, nbytes);
+        return ACC_OK;
+    }
+    if (me == root && zoff != UINT64_MAX) {
+        if ((st = first_sync(g, OP_SCATTER))) return st;
+        memmove(o, mine, nbytes);
+        return sync_again(g, OP_SCATTER);
+    }
+    if (me != root) { /* peers learn the root's path at the first arrival */
+        if ((st = first_sync(g, OP_SCATTER))) return st;
+        const shm_desc *rd = &g->slots[root].desc[call & 1u];
+        if (rd->zoff != UINT64_MAX) {
+            if (rd->zreg >= (uint32_t)g->nregions) {
+                acc_set_error("shm scatter: rank %d has no region %u (the root's input region); regions must be "
+                              "allocated collectively", me, rd->zreg);
+                return ACC_ERR_STATE;
+            }
+            const shm_region *r = &g->regions[rd->zreg];
+            memcpy(o, r->base + (size_t)root * r->part_bytes + rd->zoff + (size_t)me * nbytes, nbytes);
+            return sync_again(g, OP_SCATTER);
+        }
+    }
+    const size_t slot = N > 1 ? g->chunk_bytes / (size_t)(N - 1) / 64 * 64 : g->chunk_bytes; /* >= 4096 */
+    for (size_t off = 0; off < nbytes; off += slot) {
+        size_t m = nbytes - off < slot ? nbytes - off : slot;
+        uint32_t k = g->nstage++;
+        if (me == root) {
+            char *stg = shm_staging(g, me, k);
+            for (int q = 0; q < N; q++)
+                if (q != root) memcpy(stg + (size_t)(q - (q > root)) * m, (const char *)in + (size_t)q * nbytes + off, m);
+            if ((st = off == 0 ? first_sync(g, OP_SCATTER) : sync_again(g, OP_SCATTER))) return st;
+            memmove(o + off, mine + off, m);
+        } else {
+            if (off > 0 && (st = sync_again(g, OP_SCATTER))) return st;
+            memcpy(o + off, shm_staging(g, root, k) + (size_t)(me - (me > root)) * m, m);
+        }
     }
     return ACC_OK;
 }

@@ -18,15 +18,17 @@
 #define SHM_MAX_RANKS 64
 #define SHM_MAX_REGIONS 32
 
-enum { OP_ALL_REDUCE = 1, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_BARRIER };
+enum { OP_ALL_REDUCE = 1, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_BARRIER, OP_SCATTER };
 
 typedef struct {
     uint32_t call;     /* call number on this group (same on every rank when in step) */
     uint32_t kind;     /* OP_* */
     uint32_t dtype;    /* acc_dtype (raw-byte ops: ACC_U8) */
-    uint32_t redop;    /* acc_redop, or root for broadcast */
+    uint32_t redop;    /* acc_redop, or root for broadcast / scatter */
     uint64_t count;    /* elements (all_reduce/reduce_scatter) or bytes */
     uint64_t zoff;     /* offset inside the rank's region part for zero-copy, UINT64_MAX otherwise */
+    uint32_t zreg;     /* scatter: index of the root's region that zoff refers to (peers read it there) */
+    uint32_t spare;
 } shm_desc;
 
 typedef struct {
