@@ -83,13 +83,14 @@ def test_stage_trains_like_one_process(run, tmp_path, tmp_path_factory, model, f
     run_case(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra, _ref_args)
 
 
-def run_case(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra, ref_args) -> None:
-    """One case: the reference (ref_args(args): its arguments) and the distributed run, then _check."""
+def run_case(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra, ref_args, env=None) -> None:
+    """One case: the reference (ref_args(args): its arguments) and the distributed run (`env`: extra environment
+    variables), then _check."""
     args = ["--model", model, "--global_batch", str(4 * nproc)] + extra
     ref = _reference(run, tmp_path_factory, ref_args(args), nproc)
     got = tmp_path / "got"
     run("sharded_train.py", args + ["--face", face, "--stage", str(stage), "--out", str(got)], nproc=nproc,
-        launcher="accelerate_c", timeout=180)
+        launcher="accelerate_c", timeout=180, env=env)
     _check(ref, got, model, stage, nproc, extra)
 
 

@@ -1,7 +1,9 @@
 # accelerate_c/sharding/zero3.py: stage 3's parameter life cycle. Each unit's full parameters live in one flat
 # buffer `u.full` whose storage is freed (resized to 0 bytes) while the unit is not in use and refilled in place
 # (all-gather of the fp32 shards) when it is: the parameters stay views of that same storage, so autograd's saved
-# tensors remain valid across a free/refill and no version counter moves (the collective writes raw memory).
+# tensors remain valid across a free/refill and no version counter moves: the shared-memory collective writes raw
+# memory; a torch collective (ACCELERATE_C_COMM=torch, NCCL) is an in-place op that bumps the counter, which
+# parameters made from views of u.full by sharded construction share, so the refill keeps it (_refill).
 #   before a unit's forward: gather (a forward pre-hook);
 #   after it: free, when reshard_after_forward (or under no_grad), and hook the outputs so that the unit is
 #             gathered again before its backward runs (a hook on each output's gradient);
@@ -18,6 +20,12 @@ from typing import Any
 import torch
 
 from .flat import FlatUnit
+
+
+def _refill(full: torch.Tensor) -> Any:
+    """A context in which writing u.full's refill leaves its version counter (and its views') where it was: the
+    values are the same parameters, not a modification autograd must see (FSDP2 does the same on its copy-out)."""
+    return torch.autograd._unsafe_preserve_version_counter(full)
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -54,7 +62,8 @@ class Zero3Hooks:
         if u.gathered:
             return
         u.full.untyped_storage().resize_(u.padded * u.full.element_size())
-        self.comm.all_gather(u.full, self.engine.gather_source(u))
+        with _refill(u.full):
+            self.comm.all_gather(u.full, self.engine.gather_source(u))
         u.gathered = True
 
     @torch.no_grad()
@@ -64,7 +73,8 @@ class Zero3Hooks:
         if u.gathered:
             return
         u.full.untyped_storage().resize_(u.padded * u.full.element_size())
-        work = self.comm.all_gather_async(u.full, self.engine.gather_source(u))
+        with _refill(u.full):  # (a torch op bumps the counter when issued, not when waited on)
+            work = self.comm.all_gather_async(u.full, self.engine.gather_source(u))
         if work is not None:
             self._pending[u.index] = work
         u.gathered = True
