@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import SCRIPTS
-from test_sharded_engine import _reference, run_case
+from test_sharded_engine import _ref_args, _reference, run_case
 
 sys.path.insert(0, SCRIPTS)
 from sharded_train import build  # noqa: E402
@@ -47,14 +47,6 @@ def _id(case: tuple) -> str:
     return f"{case[0]}-{case[1]}-z{case[2]}-n{case[3]}-{extra[extra.index('--meta') + 1]}" + \
         ("-seeds" if "--seed_per_rank" in extra else "") + ("-bf16" if "--bf16" in extra else "") + \
         ("-torchcomm" if "--torch_comm" in extra else "")
-
-
-def _ref_args(args: list) -> list:
-    drop = {"--seed_per_rank", "--construct_flag", "--ignore", "head"}
-    out = [a for a in args if a not in drop]
-    if "--meta" in out:  # the reference is the same for both construction modes
-        out[out.index("--meta") + 1] = "all"
-    return out
 
 
 @pytest.mark.parametrize("model,face,stage,nproc,extra", CASES, ids=[_id(c) for c in CASES])

@@ -95,8 +95,13 @@ def run_case(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra, 
 
 
 def _ref_args(args: list) -> list:
-    return [a for a in args if a not in ("--ignore", "head", "--ac", "--no_reshard", "--hybrid",
-                                         "--gather16")]  # same math
+    """The one-process reference's arguments: without the flags that change how, not what, is computed; a sharded
+    construction's reference builds on meta and initialises as rank 0 does (the same for both modes)."""
+    out = [a for a in args if a not in ("--ignore", "head", "--ac", "--no_reshard", "--hybrid", "--gather16",
+                                        "--seed_per_rank", "--construct_flag")]
+    if "--meta" in out:
+        out[out.index("--meta") + 1] = "all"
+    return out
 
 
 HYBRID = [["--wrap", "layer", "--grad_accum", "2", "--hybrid"],
@@ -106,19 +111,12 @@ HYBRID = [["--wrap", "layer", "--grad_accum", "2", "--hybrid"],
            "--reduce_fp32"]]
 
 
-def _hybrid_ref_args(args: list) -> list:
-    out = [a for a in _ref_args(args) if a != "--construct_flag"]
-    if "--meta" in out:  # the one-process reference builds on meta and initialises as rank 0 does
-        out[out.index("--meta") + 1] = "all"
-    return out
-
-
 @pytest.mark.parametrize("extra", HYBRID, ids=["fp32", "construct-bf16-reduce_fp32"])
 def test_hybrid_shard_across_hosts(run, tmp_path, tmp_path_factory, extra):
     """HYBRID_SHARD on two "machines" (two launchers on loopback, 2 ranks each): sharded within a host over shared
     memory, each shard gradient averaged across the hosts; every host holds all shards, the first writes them."""
     args = ["--model", "gpt2", "--global_batch", "16"] + extra
-    ref = _reference(run, tmp_path_factory, _hybrid_ref_args(args), 4)
+    ref = _reference(run, tmp_path_factory, _ref_args(args), 4)
     got, port = tmp_path / "got", str(free_port())
     env = clean_env(ACCELERATE_C_RDZV_TIMEOUT="60")
     jobs = [Job([sys.executable, "-m", "accelerate_c", "launch", "-q", "--cpu", "--num_processes", "4",
