@@ -314,6 +314,27 @@ def test_ds_gradient_accumulation_wins(caplog):
     assert plugin.deepspeed_config["train_batch_size"] == 16
 
 
+def test_auto_values_resolve_per_accelerator():
+    """HF keeps the first Accelerator's plugin for later ones: what an earlier Accelerator's prepare() filled in from
+    "auto" is "auto" again for a new one (HF's test_sync: a second Accelerator with 2 accumulation steps ran with 1),
+    while the same Accelerator's second prepare() and a value set by hand keep theirs."""
+    plugin = DeepSpeedPlugin(zero_stage=2)
+    model, loader = _objects(bs=4)
+    first = _acc(world=2, ga=1)
+    prepare_deepspeed_objects(plugin, [model, loader], first)
+    prepare_deepspeed_objects(plugin, [model], first)  # (no loader: the batch size filled before stays)
+    assert plugin.deepspeed_config["gradient_accumulation_steps"] == 1
+    second = _acc(world=2, ga=2)
+    prepare_deepspeed_objects(plugin, [model, _objects(bs=8)[1]], second)
+    c = plugin.deepspeed_config
+    assert second.gradient_accumulation_steps == 2
+    assert (c["gradient_accumulation_steps"], c["train_micro_batch_size_per_gpu"], c["train_batch_size"]) == (2, 8, 32)
+    c["gradient_accumulation_steps"] = 3  # set by hand: DeepSpeed's value wins, as HF
+    third = _acc(world=2, ga=1)
+    prepare_deepspeed_objects(plugin, [model, loader], third)
+    assert third.gradient_accumulation_steps == 3
+
+
 @pytest.mark.parametrize("config,objs,match", [
     ({"train_micro_batch_size_per_gpu": "auto"}, "model", "at least one of training or evaluation dataloaders"),
     ({"train_micro_batch_size_per_gpu": "auto"}, "none_bs", "has `None` as batch size"),

@@ -282,7 +282,14 @@ def prepare_deepspeed_objects(plugin: Any, objects: list, accelerator: Any) -> l
     objects of this prepare() call (dataloader batch size, GA steps, world size, DummyOptim lr/weight_decay,
     DummyScheduler warmup/total steps, the model's hidden size), checks the optimizer/scheduler rules and the batch
     sizes, and returns the list with each DummyOptim/DummyScheduler replaced by the real optimizer/scheduler the
-    JSON describes (same length and order). May set accelerator.gradient_accumulation_steps (DeepSpeed's wins)."""
+    JSON describes (same length and order). May set accelerator.gradient_accumulation_steps (DeepSpeed's wins).
+    "auto" is resolved per Accelerator (DeepSpeedPlugin.filling_for)."""
+    token = accelerator.__dict__.setdefault("_ds_fill_token", object())  # (no reference to the Accelerator kept)
+    with plugin.filling_for(token):
+        return _prepare_deepspeed_objects(plugin, objects, accelerator)
+
+
+def _prepare_deepspeed_objects(plugin: Any, objects: list, accelerator: Any) -> list:
     from ..utils.deepspeed_plugin import DummyOptim, DummyScheduler
     from .deepspeed_builders import build_optimizer, build_scheduler, is_ds_scheduler
 

@@ -161,6 +161,9 @@ class DeepSpeedPlugin:
         if config.get(ds_key) == "auto":
             if ds_key_long in kwargs:
                 config[ds_key] = kwargs[ds_key_long]
+                filled = self.__dict__.get("_prepare_fills")
+                if filled is not None:  # inside a prepare(): remember it came from "auto" (begin_prepare)
+                    filled[ds_key_long] = kwargs[ds_key_long]
                 return
             raise ValueError(f"`{ds_key_long}` not found in kwargs. Please specify `{ds_key_long}` without `auto` (set "
                              "to correct value) in the DeepSpeed config file or pass it in kwargs.")
@@ -169,6 +172,27 @@ class DeepSpeedPlugin:
         ds_val = config.get(ds_key)
         if ds_val is not None and ds_key_long in kwargs and ds_val != kwargs[ds_key_long]:
             mismatches.append(f"- ds {ds_key_long}={ds_val} vs arg {ds_key_long}={kwargs[ds_key_long]}")
+
+    @contextlib.contextmanager
+    def filling_for(self, owner: object) -> Iterator[None]:
+        """The "auto" fills of one prepare() call by the Accelerator `owner`. HF keeps the first Accelerator's
+        plugin for every later Accelerator, and a value filled from "auto" stays in the JSON: a second Accelerator
+        would silently inherit the first one's gradient accumulation steps and batch sizes. Here the values an
+        earlier Accelerator's prepare() filled in (and nobody changed since) are "auto" again for a new one; a
+        second prepare() of the same Accelerator keeps them, as HF."""
+        filled = self.__dict__.setdefault("_auto_filled", {})
+        if self.__dict__.get("_fill_owner") is not owner:
+            for key, value in filled.items():
+                config, ds_key = self.hf_ds_config.find_config_node(key)
+                if config is not None and config.get(ds_key) == value:
+                    config[ds_key] = "auto"
+            filled.clear()
+            self.__dict__["_fill_owner"] = owner
+        self.__dict__["_prepare_fills"] = filled
+        try:
+            yield
+        finally:
+            self.__dict__.pop("_prepare_fills", None)
 
     def is_auto(self, ds_key_long: str) -> bool:
         val = self.hf_ds_config.get_value(ds_key_long)
