@@ -6,7 +6,8 @@
 # (param_dtype) against a reference with the same bf16 copies (2e-3), activation checkpointing per unit, two
 # optimizers over one model (each zero_grad zeroes only its own gradients). Each run also checks
 # that the model_slices / optimizer_layout of every rank put together give back exactly the gathered weights and
-# the reference's optimizer state, that the bytes counted per step equal 2Ψ (Z1/Z2) or 3Ψ (Z3) per micro-batch as
+# the reference's optimizer state, that the bytes counted per step equal 2Ψ (Z1/Z2) or 3Ψ (Z3) (stage 3 gathers
+# per micro-batch, every stage reduces once per step: no_sync accumulates locally) as
 # stated in docs/sharding.md, and on a many-unit model that the measured per-rank model-state bytes are within 5 %
 # of the ZeRO formulas.
 # NO_SHARD (stage 0) is our DDP: its run checks only losses and weights. The last "loss" is an eval-mode loss
@@ -182,14 +183,14 @@ def _check(ref, got, model, stage, nproc, extra, shard_ranks=None, otol=None):
     ga = int(extra[extra.index("--grad_accum") + 1]) if "--grad_accum" in extra else 1
     esize = 2 if bf16 else 4  # the all-gathers move the compute dtype, the reductions the reduce dtype
     resize = 4 if "--reduce_fp32" in extra else esize
-    for s in stats:  # counted bytes: stages 2/3 reduce (and stage 3 gathers twice) every micro-batch
-        if "--two_opt" not in extra:  # (per optimizer step: two optimizers split the window)
-            # stage 3 kept gathered from forward to backward (--no_reshard): one gather per micro-batch, else two
+    for s in stats:  # counted bytes: one reduction per optimizer step (no_sync accumulates locally, every stage),
+        if "--two_opt" not in extra:  # stage 3 gathers twice every micro-batch (per optimizer step: two optimizers
+            # split the window); stage 3 kept gathered from forward to backward (--no_reshard): one gather per
+            # micro-batch, else two
             gathers = (ga if "--no_reshard" in extra else 2 * ga) if stage == 3 else 1
-            reduces = 1 if stage == 1 else ga
-            expected = (gathers * esize + reduces * resize) * psi
+            expected = (gathers * esize + resize) * psi
             if shard_ranks:  # HYBRID_SHARD: plus each reduced shard all-reduced across the hosts
-                expected += ga * resize * psi // shard_ranks
+                expected += resize * psi // shard_ranks
             assert s["bytes_per_step"] == [expected] * len(s["bytes_per_step"]), (s["bytes_per_step"], expected)
         if model != "mlp" or "--no_reshard" in extra:  # (all units gathered at once between forward and backward)
             continue

@@ -153,7 +153,7 @@ def test_deepspeed_communication_data_type(run, tmp_path, tmp_path_factory, stag
         assert s["reduce_dtype"] == want, s["reduce_dtype"]
         psi = s["padded"]
         rs, ag = rsize * psi, csize * psi
-        expected = {1: rs + ag, 2: ga * rs + ag, 3: ga * (rs + 2 * ag)}[stage]
+        expected = {1: rs + ag, 2: rs + ag, 3: rs + 2 * ga * ag}[stage]  # (one reduction per step: no_sync is local)
         assert s["bytes_per_step"] == [expected] * len(s["bytes_per_step"]), (s["bytes_per_step"], expected)
 
 

@@ -63,7 +63,7 @@ def test_mixed_dtypes_train_like_one_process(run, tmp_path, tmp_path_factory, mo
         ga = int(extra[extra.index("--grad_accum") + 1]) if "--grad_accum" in extra else 1
         rs = (4 if reduce_fp32 else 2) * psi   # one reduce-scatter of every unit in the reduce dtype
         ag = (4 if reduce_bf16 else 2) * psi   # one all-gather of the compute copy (fp32 under --reduce_bf16)
-        expected = {1: rs + ag, 2: ga * rs + ag, 3: ga * (rs + 2 * ag)}[stage]
+        expected = {1: rs + ag, 2: rs + ag, 3: rs + 2 * ga * ag}[stage]  # (one reduction per step: no_sync is local)
         assert s["bytes_per_step"] == [expected] * len(s["bytes_per_step"]), (s["bytes_per_step"], expected)
     if "--buffer_bf16" in extra:
         live = stats[0]["buffer_dtypes"]

@@ -1,13 +1,18 @@
 # accelerate_c/sharding/engine.py: the flat-shard engine of one prepared model (ZeRO 1/2/3, FSDP). Units
 # (units.py) each get a flat buffer padded to a multiple of the world size (flat.py); rank r owns shard r.
-#   stage 1: the full parameters live in one flat buffer (shared memory on one host); every parameter's .grad is a
-#            view into one full flat gradient buffer. A synced backward reduce-scatters (average) each unit's
-#            gradient into its own shard of that buffer (in place) as the unit completes; under no_sync the full
-#            gradient accumulates locally. The optimizer steps the shard; the shards are then all-gathered.
-#   stage 2: as 1, but no full gradient buffer: as each unit's gradients are complete (post-accumulate-grad hooks,
-#            in a fixed unit order on every rank) they are packed into one unit-sized staging buffer,
-#            reduce-scattered into the unit's shard gradient (accumulating: also under no_sync, as DeepSpeed's and
-#            FSDP's sharded accumulation) and the parameters' .grad freed.
+#   stage 1: the full parameters live in one flat buffer (shared memory on one host); every parameter's gradient
+#            accumulates locally in a view of one full flat gradient buffer. A synced backward reduce-scatters
+#            (average) each unit into its own shard of that buffer (in place) as the unit completes; under no_sync
+#            nothing is reduced. After that the rest of the buffer holds local gradients already counted: a
+#            grad-enabled forward (or a backward) before zero_grad first moves the shard's average aside and zeroes
+#            the unit, and the next reduction adds it back (gradviews.py: stash), so synced backwards accumulate.
+#            With a reduce dtype of its own the averaged shard is a buffer apart (`gshard`, overwritten from the full
+#            buffer at each synced backward). The optimizer steps the shard; the shards are then all-gathered.
+#   stage 2: as 1, but no full gradient buffer: under no_sync the gradients accumulate locally in the parameters'
+#            own .grad (torch FSDP's no_sync); in a synced backward, as each unit's gradients are complete
+#            (post-accumulate-grad hooks, in a fixed unit order on every rank) they are packed into one unit-sized
+#            staging buffer, reduce-scattered into the unit's shard gradient (accumulating across synced
+#            backwards until zero_grad) and the parameters' .grad freed.
 #   stage 3: as 2, and the parameters themselves are sharded: zero3.py gathers a unit before its forward and its
 #            backward and frees it after.
 # Every optimizer parameter that belongs to a unit is replaced by a 1-D Parameter viewing its piece of this rank's
@@ -17,9 +22,10 @@
 # Mixed precision (param_dtype): the full parameters and their gradients use the compute dtype; fp32 master shards
 # (`master`, stage 3 `pshard`) are what the optimizer steps, cast into the compute copy after it (or written by the
 # fused kernel in the same pass: after_step(cast=False)). reduce_dtype (default: the compute dtype): gradients are
-# cast into it on the copy-in (pack.py), reduced in it and the shard gradient `gshard` is kept in it (stage 1 too,
-# when it differs from the compute dtype: the full gradient buffer then stays in the compute dtype). Modules kept
+# cast into it on the copy-in (pack.py), reduced in it and the shard gradient `gshard` is kept in it (stage 1's full
+# gradient buffer stays in the compute dtype). Modules kept
 # in fp32 (BatchNorm by default) and frozen parameters under a compute dtype: mixed.py.
+# What user code reads from a unit parameter (its .grad, stage 3's values between uses) is views.py / gradviews.py.
 # Not for: the strategy contract (strategies/sharded.py) or the layout arithmetic (flat.py).
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ from .. import _C
 from .comm import ShardComm
 from .flat import FlatEntry, FlatUnit
 from .units import build_units
+from .views import attach, raw_grad, set_raw_grad
 
 
 class ShardEngine:
@@ -71,12 +78,19 @@ class ShardEngine:
         self.enabled = True            # False inside no_sync
         # this rank produced a gradient since the last zero_grad (on the device: NCCL reduces no CPU tensor)
         self.used = torch.zeros(len(self.entries), device=comm.device)
+        self.gused = [False] * len(self.entries)  # some rank did, as agreed at the end of the last synced backward
         self._fresh = [True] * len(self.units)      # the unit's shard gradient is zero (stages 2/3)
         self._in_pass = False
         self._works: list[tuple[Any, Optional[torch.Tensor], Optional[torch.Tensor]]] = []  # (work, tmp, shard)
+        self._inplace: list[FlatUnit] = []  # stage 1: units reduced in place, until wait()
         self.zero3: Optional[Any] = None
+        self.replicated_sync: Optional[Any] = None  # the strategy's average of the replicated parameters (end of pass)
         with torch.no_grad():
             self._place()
+        from .gradviews import GradViews
+        self.views = GradViews(self)  # what user code reads of the unit parameters
+        for i, e in enumerate(self.entries):
+            attach(e.param, self.views, i)
         self.mixed: Optional[Any] = None
         if self.low:  # fp32 modules' cast hooks; frozen parameters into the compute dtype (mixed.py)
             from .mixed import MixedEdges
@@ -90,6 +104,8 @@ class ShardEngine:
         self._restore: list[tuple[torch.nn.Module, Any]] = []  # (module, its own forward) under checkpointing
         if self.low:  # FSDP's cast_forward_inputs: floating inputs of the root forward in the compute dtype
             self._handles.append(model.register_forward_pre_hook(self._cast_inputs, with_kwargs=True))
+        if self.views.inplace:  # stage 1: before gradients accumulate again after an in-place reduction
+            self._handles.append(model.register_forward_pre_hook(lambda m, a: self.views.stash()))
         if config.activation_checkpointing:
             self._checkpoint_units()
         if self.stage == 3:
@@ -160,9 +176,9 @@ class ShardEngine:
             self.gviews = [None] * len(self.entries)
             for u in self.units:
                 for e, v in zip(u.entries, u.views(self.gfull[u.fbase:u.fbase + u.padded])):
-                    if e.param.grad is not None:
-                        v.copy_(e.param.grad)
-                    e.param.grad = v
+                    if raw_grad(e.param) is not None:
+                        v.copy_(raw_grad(e.param))
+                    set_raw_grad(e.param, v)
                     self.gviews[self.index[id(e.param)]] = v
         if self.stage != 1 or self.split_reduce:
             self.gshard = comm.alloc(self.shard_numel, self.rdt)
@@ -173,7 +189,7 @@ class ShardEngine:
             self._next_staging = 0
         if self.stage != 1:
             for e in self.entries:
-                e.param.grad = None
+                set_raw_grad(e.param, None)
 
     def master_shard(self, u: FlatUnit) -> torch.Tensor:
         """This rank's fp32 master shard of unit u (what the optimizer steps)."""
@@ -194,6 +210,7 @@ class ShardEngine:
         return self.flat[u.fbase + u.lo:u.fbase + u.hi]
 
     def grad_shard(self, u: FlatUnit) -> torch.Tensor:
+        """This rank's shard of unit u's averaged gradient (what the optimizer's pieces step with)."""
         if self.stage == 1 and not self.split_reduce:
             return self.gfull[u.fbase + u.lo:u.fbase + u.hi]
         return self.gshard[u.base:u.base + u.shard]
@@ -203,12 +220,13 @@ class ShardEngine:
         i = self.index[id(p)]
         self.used[i] = 1.0
         if self.stage == 1:
-            view = self.gviews[i]
-            if p.grad is not view:  # a fresh gradient tensor (the user set grad None): back into the buffer
-                view.copy_(p.grad)
-                p.grad = view
-            if not self.enabled:
-                return
+            view, g = self.gviews[i], raw_grad(p)
+            if g is not view:  # a fresh gradient tensor (the grad slot was emptied): back into the buffer
+                view.copy_(g)
+                set_raw_grad(p, view)
+        if not self.enabled:  # no_sync: the gradient accumulates locally (gradviews.py)
+            self.views.accumulated(i)
+            return
         self.begin_pass()
         self._reduce_units(*self.counter.mark(i))
 
@@ -220,19 +238,25 @@ class ShardEngine:
 
     def _end_of_backward(self) -> None:
         self._in_pass = False
-        if self.stage != 1 or self.enabled:
+        if self.enabled:
             self._reduce_units(*self.counter.mark_all_remaining())
         self.counter.reset()
         self.wait()  # when backward returns, every shard gradient is reduced
+        if self.enabled:
+            self.agree_used()
+            if self.replicated_sync is not None:
+                self.replicated_sync.sync_now()
         if self.zero3 is not None:
             self.zero3.end_of_backward()
 
     def reset_pass(self) -> None:
-        """Before a backward: forget a pass that raised midway (its end callback never ran)."""
+        """Before a backward: forget a pass that raised midway (its end callback never ran); stage 1, the averages of
+        an earlier reduction moved aside (as a forward does)."""
         if self._in_pass:
             self._in_pass = False
             self.counter.reset()
             self.wait()
+        self.views.stash(force=True)
 
     @torch.no_grad()
     def wait(self) -> None:
@@ -243,6 +267,9 @@ class ShardEngine:
             self.comm.finish_reduce(tmp if tmp is not None else shard)
             if tmp is not None:
                 shard.add_(tmp)
+        done, self._inplace = self._inplace, []
+        for u in done:  # (stage 1: a stashed average added back)
+            self.views.inplace_reduced(u)
         if hasattr(self, "staging"):
             self._staging_work = [None] * len(self.staging)
 
@@ -255,20 +282,22 @@ class ShardEngine:
     def _reduce(self, u: FlatUnit) -> None:
         comm = self.comm
         if self.stage == 1 and not self.split_reduce:
+            self.views.reduced(u)
             # in place: the averaged shard lands in our own slice of the full gradient buffer
             out = self.grad_shard(u)
             w = comm.reduce_scatter_async(out, self.gfull[u.fbase:u.fbase + u.padded], "avg")
             self._works.append((w, None, out))
+            self._inplace.append(u)
             return
         k = self._next_staging
         self._next_staging = (k + 1) % len(self.staging)
         if self._staging_work[k] is not None:  # peers may read this buffer until its reduce-scatter is done
             self._staging_work[k].wait()
         staging = self.staging[k][:u.padded]
-        if self.stage == 1:  # the full gradient buffer (it accumulates): cast into the reduce dtype, overwrite
-            u.pack(staging, [self.gviews[self.index[id(e.param)]] for e in u.entries])
-        else:
-            u.pack(staging, [e.param.grad for e in u.entries])
+        # stage 1: the full gradient buffer (it accumulates): cast into the reduce dtype, overwrite; stages 2/3: each
+        # parameter's local gradient
+        u.pack(staging, [self.views.local_grad(self.index[id(e.param)], fold=True) for e in u.entries])
+        self.views.reduced(u)
         out = self.grad_shard(u)
         if self._fresh[u.index] or self.stage == 1:
             w = comm.reduce_scatter_async(out, staging, "avg")
@@ -282,16 +311,26 @@ class ShardEngine:
         if self.stage == 1:
             return
         for e in u.entries:
-            e.param.grad = None
+            set_raw_grad(e.param, None)
         if self.zero3 is not None:
             self.zero3.after_reduce(u)
 
     # -- the step --------------------------------------------------------------------------------------------
-    def global_used(self) -> list[bool]:
-        """Which parameters some rank produced a gradient for since the last zero_grad (collective)."""
+    def global_used(self) -> tuple[list[bool], bool]:
+        """Which parameters some rank produced a gradient for since the last zero_grad, and whether some rank holds
+        a local gradient no synced backward reduced (one collective)."""
+        used = torch.cat([self.used, self.used.new_full((1,), float(self.views.pending_local()))])
+        self.comm.all_reduce(used, "max", control=True, world=True)
+        flags = (used > 0).tolist()
+        self.gused = flags[:-1]
+        return flags[:-1], flags[-1]
+
+    def agree_used(self) -> None:
+        """After a synced backward: which parameters some rank used (a small control all-reduce, as torch DDP's
+        unused-parameter bitmap), so that one no rank used shows grad None, as under DDP."""
         used = self.used.clone()
         self.comm.all_reduce(used, "max", control=True, world=True)
-        return (used > 0).tolist()
+        self.gused = (used > 0).tolist()
 
     @torch.no_grad()
     def after_step(self, cast: bool = True) -> None:
@@ -300,6 +339,7 @@ class ShardEngine:
         if self.stage == 3:
             if self.low and cast:
                 self.lshard.copy_(self.pshard)
+            self.zero3.after_step()
             return
         if self.low and cast:
             for u in self.units:
@@ -310,32 +350,29 @@ class ShardEngine:
     def zero_grad(self, which: Optional[set[int]] = None) -> None:
         """Zero the gradients of entries `which` (indices; None: all) - an optimizer's own parameters, so that
         two optimizers over one model zero only their own."""
+        self.views.zeroed(which)
         if which is None or len(which) == len(self.entries):
             if self.stage == 1:
                 self.gfull.zero_()
                 for e, v in zip(self.entries, self.gviews):
-                    e.param.grad = v
-                if self.split_reduce:
-                    self.gshard.zero_()
+                    set_raw_grad(e.param, v)
             else:
-                self.gshard.zero_()
                 self._fresh = [True] * len(self.units)
                 for e in self.entries:
-                    e.param.grad = None
+                    set_raw_grad(e.param, None)
+            if hasattr(self, "gshard"):
+                self.gshard.zero_()
             self.used.zero_()
             return
         for i in sorted(which):
             e, u = self.entries[i], self.unit_of[i]
+            a, b = u.shard_slice(e)
+            self.grad_shard(u)[a:b].zero_()
             if self.stage == 1:
                 self.gviews[i].zero_()
-                e.param.grad = self.gviews[i]
-                if self.split_reduce:
-                    a, b = u.shard_slice(e)
-                    self.grad_shard(u)[a:b].zero_()
+                set_raw_grad(e.param, self.gviews[i])
             else:
-                a, b = u.shard_slice(e)
-                self.grad_shard(u)[a:b].zero_()
-                e.param.grad = None
+                set_raw_grad(e.param, None)
             self.used[i] = 0.0
         if self.stage != 1:  # a unit is fresh (its reduce-scatter may overwrite) only when wholly zeroed
             for u in self.units:
@@ -371,10 +408,15 @@ class ShardEngine:
             if hasattr(self, name):
                 ts.append(getattr(self, name))
         ts += getattr(self, "staging", [])
-        ts += [e.param.grad for e in self.entries if e.param.grad is not None]
+        ts += [raw_grad(e.param) for e in self.entries if raw_grad(e.param) is not None]
+        ts += self.views.tensors()
         return ts
 
+    @torch.no_grad()
     def remove(self) -> None:
+        """Hooks off; every unit parameter left a plain parameter (its own class) with its full value and, as its
+        .grad, what user code read there (collective: end_training calls it on every rank)."""
+        grads = self.views.snapshot()
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -383,17 +425,19 @@ class ShardEngine:
                 del module.forward  # back to the class's forward
         self._restore = []
         if self.zero3 is not None:
-            self.zero3.remove()
+            self.zero3.remove()  # (every unit's values into parameters of their own first: collective)
         if self.mixed is not None:
             self.mixed.remove()
+        self.views.detach(grads)
 
 
 def storage_bytes(tensors: list[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind `tensors` (a view counts once with its base)."""
     seen: dict[int, int] = {}
-    for t in tensors:
-        s = t.untyped_storage()
-        ptr = s.data_ptr()
-        if ptr:
-            seen[ptr] = max(seen.get(ptr, 0), s.nbytes())
+    with torch._C.DisableTorchFunctionSubclass():  # (what is held: a stage-3 stand-in is not gathered to count it)
+        for t in tensors:
+            s = t.untyped_storage()
+            ptr = s.data_ptr()
+            if ptr:
+                seen[ptr] = max(seen.get(ptr, 0), s.nbytes())
     return sum(seen.values())

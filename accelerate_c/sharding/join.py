@@ -65,9 +65,11 @@ def shadow_backward(engine: Any, replicated: Optional[Any], enabled: bool) -> No
     None: zeros), not DDP's join shadow, which drops them."""
     if engine.stage == 3:
         raise NotImplementedError("stage 3 mirrors a backward by replaying a forward (sharding/join.py ShardedJoin)")
+    engine.views.stash(force=True)  # (a training rank's forward did it there)
     with torch.no_grad():
         engine._reduce_units(0, len(engine.units))
         engine.wait()
+        engine.agree_used()  # (what the training ranks' end of backward agrees on)
     if enabled and replicated is not None:
         replicated.sync_now()
 

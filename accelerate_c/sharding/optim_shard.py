@@ -70,19 +70,36 @@ class ShardedParams:
             return
         self._ready = True
         engine = self.engine
-        used = engine.global_used()
+        used, pending = engine.global_used()
+        engine.views.settle(agreed_pending=pending)  # (user code's writes to .grad and stage-3 values; a step after no_sync)
         grads = self.grads
         if engine.low_grad:  # the optimizer's gradients are fp32 like its parameters: cast the shard for the step
-            self._g32 = g32 = torch.empty(engine.shard_numel, dtype=torch.float32, device=engine.comm.device)
-            for u in engine.units:
-                g32[u.base:u.base + u.shard].copy_(engine.grad_shard(u))
-            grads = []
-            for i, e in enumerate(engine.entries):
-                u = engine.unit_of[i]
-                a, b = u.shard_slice(e)
-                grads.append(g32[u.base + a:u.base + b])
+            grads = self._fp32_copy()
         for i, piece in enumerate(self.pieces):
             piece.grad = grads[i] if used[i] and piece.numel() else None
+
+    def _fp32_copy(self) -> list[torch.Tensor]:
+        """The shard gradients copied into one fp32 buffer (freed after the step); each piece's range of it."""
+        engine = self.engine
+        self._g32 = g32 = torch.empty(engine.shard_numel, dtype=torch.float32, device=engine.comm.device)
+        for u in engine.units:
+            g32[u.base:u.base + u.shard].copy_(engine.grad_shard(u))
+        out = []
+        for i, e in enumerate(engine.entries):
+            u = engine.unit_of[i]
+            a, b = u.shard_slice(e)
+            out.append(g32[u.base + a:u.base + b])
+        return out
+
+    def step_on_copy(self) -> None:
+        """After before_step: the step works on a copy of the shard gradients (DeepSpeed's gradient_clipping is part
+        of its step, and the gradients user code reads stay as the backward and user code left them)."""
+        if self._g32 is not None:
+            return
+        copies = self._fp32_copy()
+        for i, piece in enumerate(self.pieces):
+            if piece.grad is not None:
+                piece.grad = copies[i]
 
     def low_precision_copies(self) -> dict:
         """Mixed precision: {piece: its range of the compute copy}, for the fused kernel to write the updated
@@ -138,6 +155,8 @@ class ShardedParams:
         replicated parameter's gradient, identical on every rank, counted once), one control all-reduce; every
         gradient is then scaled by min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_."""
         engine = self.engine
+        if not self._ready:
+            engine.views.settle()  # gradients user code materialized (and maybe scaled) back into the shards
         norm_type = float(norm_type)
         mine: list[torch.Tensor] = []
         for p in parameters:

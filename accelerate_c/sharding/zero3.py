@@ -12,6 +12,12 @@
 # prefetched: its all-gather runs on the shared-memory group's worker thread while the current unit computes.
 # At the end of backward every unit still gathered is freed. Units are gathered one at a time in forward order;
 # a unit nested in another (the root holds every layer) stays gathered around its children.
+# What user code sees between uses: each parameter is a stand-in (views.py: its shape over one element, never a
+# shape larger than its storage) whose first op gathers the unit for user code (materialize, collective) into fresh
+# storage of its own, so tensors taken from it (state_dict(), .detach(), .cpu()) stay valid after the engine moves
+# on; values user code writes there (load_state_dict, in-place ops) are written back into this rank's shard before
+# the unit is next gathered or stepped. The optimizer step and engine.remove() end such a materialization; remove()
+# leaves every parameter holding its full value (collective).
 # Not for: gradient reduction (engine.py) or the optimizer side (optim_shard.py).
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from typing import Any
 import torch
 
 from .flat import FlatUnit
+from .views import set_standin, standin_data
 
 
 def _refill(full: torch.Tensor) -> Any:
@@ -49,8 +56,13 @@ class Zero3Hooks:
         self._order: list[int] = []          # units in the order the first forward ran them
         self._order_done = False
         for u in engine.units:
+            # the parameters' views of the unit's full buffer while gathered (the storage is refilled in place); as
+            # placed (sharded construction has already emptied the storage, where new views cannot be cut)
+            u.pviews = [e.param.data for e in u.entries]
+            u.standin, u.mat = False, None  # (materialize: the fresh buffer and each parameter's version)
             self._handles.append(u.module.register_forward_pre_hook(self._pre_forward(u)))
             self._handles.append(u.module.register_forward_hook(self._post_forward(u)))
+            u.gathered = True  # (construction leaves the storage empty: free() sets the stand-ins either way)
             self.free(u)
 
     # -- gather / free ---------------------------------------------------------------------------------------
@@ -59,12 +71,77 @@ class Zero3Hooks:
         work = self._pending.pop(u.index, None)
         if work is not None:
             work.wait()
-        if u.gathered:
+        if not u.gathered:
+            self._end_materialized(u, write_back=True)
+            u.full.untyped_storage().resize_(u.padded * u.full.element_size())
+            with _refill(u.full):
+                self.comm.all_gather(u.full, self.engine.gather_source(u))
+            u.gathered = True
+        self._bind(u)
+
+    def _bind(self, u: FlatUnit) -> None:
+        """The parameters view the gathered unit (the class first: a stand-in's ops would gather)."""
+        if u.standin or u.mat is not None:
+            u.mat = None
+            for e, v in zip(u.entries, u.pviews):
+                set_standin(e.param, False)
+                e.param.data = v
+            u.standin = False
+
+    def _standins(self, u: FlatUnit) -> None:
+        if not u.standin:
+            for e in u.entries:
+                e.param.data = standin_data(e.shape, self.engine.pdt, self.comm.device)
+                set_standin(e.param, True)
+            u.standin, u.mat = True, None
+
+    # -- user code's reads between uses ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def materialize(self, u: FlatUnit) -> None:
+        """A stand-in of unit u was used by user code: gather the unit into fresh storage the parameters then hold
+        (collective; a prefetch in flight is simply waited for)."""
+        if not u.standin:
             return
-        u.full.untyped_storage().resize_(u.padded * u.full.element_size())
-        with _refill(u.full):
-            self.comm.all_gather(u.full, self.engine.gather_source(u))
-        u.gathered = True
+        if u.gathered or u.index in self._pending:
+            self.gather(u)
+            return
+        buf = torch.empty(u.padded, dtype=self.engine.pdt, device=self.comm.device)
+        self.comm.all_gather(buf, self.engine.gather_source(u))
+        for e, v in zip(u.entries, u.views(buf)):
+            set_standin(e.param, False)
+            e.param.data = v
+        u.standin = False
+        u.mat = (buf, [e.param._version for e in u.entries])
+
+    @torch.no_grad()
+    def _write_back(self, u: FlatUnit) -> None:
+        """Values user code wrote into a materialized unit: this rank's shard of them into the shards."""
+        buf, versions = u.mat
+        if all(e.param._version == v for e, v in zip(u.entries, versions)):
+            return
+        eng = self.engine
+        mine = buf[u.lo:u.hi]
+        eng.pshard[u.base:u.base + u.shard].copy_(mine)
+        if eng.low:
+            eng.lshard[u.base:u.base + u.shard].copy_(mine)
+        u.mat = (buf, [e.param._version for e in u.entries])
+
+    def _end_materialized(self, u: FlatUnit, write_back: bool) -> None:
+        if u.mat is not None:
+            if write_back:
+                self._write_back(u)
+            self._standins(u)
+
+    def write_back_all(self) -> None:
+        for u in self.engine.units:
+            if u.mat is not None:
+                self._write_back(u)
+
+    def after_step(self) -> None:
+        """The shards changed: every unit user code gathered, or left gathered, goes back to its stand-ins."""
+        for u in self.engine.units:
+            self._end_materialized(u, write_back=False)
+            self.free(u)
 
     @torch.no_grad()
     def prefetch(self, u: FlatUnit) -> None:
@@ -72,6 +149,7 @@ class Zero3Hooks:
         runs while the current unit computes; gather(u) waits for it."""
         if u.gathered:
             return
+        self._end_materialized(u, write_back=True)
         u.full.untyped_storage().resize_(u.padded * u.full.element_size())
         with _refill(u.full):  # (a torch op bumps the counter when issued, not when waited on)
             work = self.comm.all_gather_async(u.full, self.engine.gather_source(u))
@@ -97,6 +175,7 @@ class Zero3Hooks:
             work = self._pending.pop(u.index, None)
             if work is not None:
                 work.wait()
+            self._standins(u)
             u.full.untyped_storage().resize_(0)
             u.gathered = False
 
@@ -139,7 +218,21 @@ class Zero3Hooks:
         for u in self.engine.units:
             self.free(u)
 
+    @torch.no_grad()
     def remove(self) -> None:
+        """The hooks removed; every parameter left holding its full value in storage of its own (collective)."""
         for h in self._handles:
             h.remove()
         self._handles = []
+        for u in self.engine.units:
+            if u.gathered:
+                self.gather(u)  # (a prefetch in flight)
+                vals = [v.clone() for v in u.pviews]
+                self.free(u)
+                for e, v in zip(u.entries, vals):
+                    set_standin(e.param, False)
+                    e.param.data = v
+                u.standin = False
+            else:
+                self.materialize(u)  # (nothing to do when user code already did: the storage is its own)
+            u.mat = None

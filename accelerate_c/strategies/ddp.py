@@ -115,19 +115,24 @@ class GradSync:
     grad None, as in the single-process loop."""
 
     def __init__(self, params: list[torch.nn.Parameter], group: Any, world_size: int,
-                 compress: Optional[torch.dtype] = None) -> None:
+                 compress: Optional[torch.dtype] = None, owner: Optional[Callable[[], None]] = None) -> None:
         self.params = params
         self.group = group
         self.world_size = world_size
         self.compress = compress  # reduce in this dtype (torch's fp16/bf16 compress hooks)
         self.enabled = True
         self._queued = False
+        # owner: instead of a callback of its own, the first gradient of a synced pass calls owner(), whose own
+        # end-of-pass callback runs sync_now() (the sharded engine: one fixed order of the pass's collectives)
+        self._owner = owner
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
 
     def _on_grad(self, _p: torch.Tensor) -> None:
         # The first gradient of a synced pass queues the sync at the end of the (outermost, when it fires there)
         # autograd pass, as torch's Reducer does.
-        if self.enabled and not self._queued:
+        if self.enabled and self._owner is not None:
+            self._owner()
+        elif self.enabled and not self._queued:
             self._queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
 

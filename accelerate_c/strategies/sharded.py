@@ -152,9 +152,12 @@ class ShardedDataParallel(BucketedDataParallel):
         self.engines.append(engine)
         self.sharded.append(ShardedParams(engine))
         rep = [p for _, p in engine.replicated if p.requires_grad]
-        sync = GradSync(rep, None, self.state.num_processes) if rep else None
+        # replicated parameters are averaged at the end of the engine's own pass, after its units (the order a join's
+        # shadow mirrors: sharding/join.py shadow_backward)
+        sync = GradSync(rep, None, self.state.num_processes, owner=lambda: engine.begin_pass()) if rep else None
         if sync is not None:
             self._replicated.append(sync)
+            engine.replicated_sync = sync
         return DataParallelModule(model, _SyncSwitch(engine, sync), self.broadcast if self.config.broadcast_buffers else None)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -186,6 +189,9 @@ class ShardedDataParallel(BucketedDataParallel):
             # the pieces get their gradients; under loss scaling unscaled, the overflow decision agreed by every
             # rank (the base step then applies DeepSpeed's gradient_clipping and steps, or skips, on every rank)
             self.unscale_(optimizer, precision)
+            if self.config.gradient_clipping:  # DeepSpeed's clipping (in the base step) works on a copy
+                for sp in mine:
+                    sp.step_on_copy()
             t0 = time.perf_counter()
             skipped = super()._step(optimizer, precision, closure)
             t1 = time.perf_counter()

@@ -258,15 +258,16 @@ def fp8_report(acc: Any, model: torch.nn.Module) -> dict:
     rank's amax histories (x, w, g)."""
     inner = acc.unwrap_model(model)
     engine = acc.strategy.engines[0]
-    # stage 1/2: one flat buffer of every unit; stage 3: each unit's full buffer (freed between uses: the
-    # storage object stays the parameters' storage)
-    bufs = [engine.flat] if getattr(engine, "flat", None) is not None else [u.full for u in engine.units]
-    owners = {t.untyped_storage()._cdata for t in bufs}
+    # stage 1/2: views of the one flat buffer of every unit; stage 3: the engine's own unit parameters (views of
+    # their unit's full buffer while it is gathered, stand-ins between uses: sharding/views.py)
+    stage3 = getattr(engine, "flat", None) is None
+    owners = set() if stage3 else {engine.flat.untyped_storage()._cdata}
     states = fp8_states(inner)
     views = {}
     for n in states:
         m = inner.get_submodule(n)
-        views[n] = [str(m.weight.dtype)] + [p.untyped_storage()._cdata in owners for p in (m.weight, m.bias)
+        views[n] = [str(m.weight.dtype)] + [(id(p) in engine.index) if stage3 else
+                                            p.untyped_storage()._cdata in owners for p in (m.weight, m.bias)
                                             if p is not None]
     hist = {n: [s.history for s in st] for n, st in states.items()}
     return {"fp8_layers": sorted(states), "fp8_views": views, "fp8_history": hist}
@@ -421,12 +422,12 @@ def distributed(args: argparse.Namespace) -> None:
                 if slot.owner and isinstance(v, torch.Tensor) and v.numel() == slot.numel and slot.numel:
                     slices[f"{slot.name}/{k}@{slot.start}"] = v.detach().reshape(-1).clone()
     save_file(slices, os.path.join(args.out, f"slices{r}.safetensors"))
-    # a loader's view: every parameter wiped, this rank's slices written back, then slices_loaded rebuilds the rest
+    # a loader's view: every parameter wiped (stage 3: each unit gathered for user code first), this rank's slices
+    # written back, then slices_loaded rebuilds the rest
     held = [(s, s.data.clone()) for s in strategy.model_slices(model)]
     with torch.no_grad():
         for p in acc.unwrap_model(model).parameters():
-            if p.untyped_storage().nbytes():
-                p.zero_()
+            p.zero_()
         for s, data in held:
             s.data.zero_()
         for s, data in held:
