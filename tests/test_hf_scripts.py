@@ -6,7 +6,8 @@
 # and rank). HYBRID_SHARD runs on one host (the shard group is the 2 local ranks). The one thing left out is named
 # in docs/differences.md: test_script's bf16/fp16 training runs under the FSDP face (HF's FSDP engine computes with
 # 16-bit parameters there too; the checks expect fp32 weights to 1e-6).
-# Not for: our own engine tests (test_sharded_*.py). The plain DDP run is there as the baseline the faces must match.
+# Not for: our own engine tests (test_sharded_*.py). (Under plain DDP the three scripts pass too: the faces are
+# what this file holds to them.)
 import os
 import sys
 
@@ -15,7 +16,6 @@ import pytest
 from conftest import SCRIPTS, Job, clean_env, describe_all, finish_all
 
 FACES = {
-    "DDP": [],
     "FULL_SHARD": ["--use_fsdp", "--fsdp_sharding_strategy", "FULL_SHARD"],
     "SHARD_GRAD_OP": ["--use_fsdp", "--fsdp_sharding_strategy", "SHARD_GRAD_OP"],
     "HYBRID_SHARD": ["--use_fsdp", "--fsdp_sharding_strategy", "HYBRID_SHARD"],

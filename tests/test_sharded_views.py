@@ -9,8 +9,9 @@
 # output after load_state_dict.
 # Plain DDP's reference path (one all-reduce at the end of backward, every rank stepping everything) is held to the
 # default bucketed path the same way. Under bf16 (a compute copy, other numerics than DDP's autocast) the reads are
-# checked for validity and for every rank seeing the same parameters. SHARD_GRAD_OP stands for stage 2 (ZeRO-2 and
-# HYBRID_SHARD on one host run the same engine paths; HF's scripts cover them in test_hf_scripts.py).
+# checked for validity and for every rank seeing the same parameters. Stage 2 reads its gradients through the same
+# paths as stage 3 and holds its parameters whole (HF's scripts run SHARD_GRAD_OP, ZeRO-2 and HYBRID_SHARD in
+# test_hf_scripts.py).
 # Not for: the engine's numerics against the single-process loop (test_sharded_engine.py).
 import json
 import os
@@ -23,9 +24,8 @@ from conftest import SCRIPTS, Job, clean_env, describe_all, finish_all
 WRAP = ["--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP", "--fsdp_transformer_layer_cls_to_wrap", "GPT2Block"]
 CASES = {
     "FULL_SHARD": (["--use_fsdp", "--fsdp_sharding_strategy", "FULL_SHARD", *WRAP], {}),
-    "SHARD_GRAD_OP": (["--use_fsdp", "--fsdp_sharding_strategy", "SHARD_GRAD_OP", *WRAP], {}),
     "ZeRO-1": (["--use_deepspeed", "--zero_stage", "1"], {}),
-    "ZeRO-3": (["--use_deepspeed", "--zero_stage", "3"], {}),
+    # (stage 3's own paths over shared memory run under FULL_SHARD above)
     "ZeRO-3 torch transport": (["--use_deepspeed", "--zero_stage", "3"], {"ACCELERATE_C_COMM": "torch"}),
     # the other data-parallel path against the default one (bucketed, with the split step over shared memory)
     "DDP reference path": ([], {"ACCELERATE_C_GRAD_SYNC": "reference", "ACCELERATE_C_SHARDED_STEP": "0"}),
