@@ -27,8 +27,8 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:  # the static view of the same names
-    from .accelerator import Accelerator
-    from .state import AcceleratorState, GradientState, PartialState
+    from .facade.accelerator import Accelerator
+    from .runtime.state import AcceleratorState, GradientState, PartialState
 
 
 def __getattr__(name: str) -> Any:

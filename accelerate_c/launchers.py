@@ -17,9 +17,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .state import AcceleratorState, GradientState, PartialState
-from .utils.dataclasses import PrecisionType
-from .utils.environment import are_libraries_initialized, patch_environment
+from .runtime.state import AcceleratorState, GradientState, PartialState
+from .base.dataclasses import PrecisionType
+from .base.environment import are_libraries_initialized, patch_environment
 
 # Signals torch's elastic agent takes over in the caller while it runs; the ranks (forked from the caller)
 # get the caller's own handlers back, so SIGTERM from the agent ends a rank even while it waits in C.

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .state import GradientState
+from .runtime.state import GradientState
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):
@@ -19,7 +19,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """precision / strategy: the Accelerator's objects; without them (a wrapper built by hand) full precision
         and the single-process step, configured from the environment."""
         if precision is None:
-            from .precision import Precision
+            from .precision.policy import Precision
             precision = Precision(device or torch.device("cpu"), {})
         if strategy is None:
             from .strategies.base import Strategy, StrategyContext
@@ -32,7 +32,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.device_placement = device_placement
         self._is_overflow = False
         if device_placement and device is not None and device.type != "cpu":
-            from .utils.operations import send_to_device
+            from .runtime.operations import send_to_device
             self.optimizer.load_state_dict(send_to_device(self.optimizer.state_dict(), device))
 
     # The torch.optim.Optimizer surface, forwarded to the user's object.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .state import AcceleratorState, GradientState
+from .runtime.state import AcceleratorState, GradientState
 
 
 class AcceleratedScheduler:

@@ -6,7 +6,7 @@ import torch
 def test_bucket_layout():
     """Buckets tile the flat gradient buffer in reverse registration order: a first bucket of at most 1 MiB,
     cap-sized ones, and a last one of at most 1 MiB when the remainder is larger (it is never overlapped)."""
-    from accelerate_c.strategies.ddp_bucketed import FIRST_BUCKET_BYTES, BucketedGradSync
+    from accelerate_c.ddp.bucketed import FIRST_BUCKET_BYTES, BucketedGradSync
 
     class Local:
         def alloc(self, n, dtype, device):

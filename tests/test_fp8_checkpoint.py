@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from accelerate_c import Accelerator, FP8RecipeKwargs
 from accelerate_c.checkpointing import CheckpointError, load_state, save_state
-from accelerate_c.fp8 import FP8Config, FP8Linear, convert_to_fp8, scaling_state
+from accelerate_c.precision.fp8 import FP8Config, FP8Linear, convert_to_fp8, scaling_state
 from bitwise import same
 from conftest import reset_state
 from test_checkpointing import FakeAccelerator

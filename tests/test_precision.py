@@ -81,7 +81,7 @@ def test_skipped_step_changes_nothing():
 
 
 def test_fp8_linear_matches_reference():
-    from accelerate_c.fp8 import FP8Linear, E4M3, E5M2
+    from accelerate_c.precision.fp8 import FP8Linear, E4M3, E5M2
     acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[FP8RecipeKwargs(fp8_format="HYBRID")])
     torch.manual_seed(0)
     lin = torch.nn.Linear(32, 16)
@@ -107,7 +107,7 @@ def test_fp8_linear_matches_reference():
 
 
 def test_fp8_delayed_scaling_and_filter():
-    from accelerate_c.fp8 import FP8Linear
+    from accelerate_c.precision.fp8 import FP8Linear
     handler = FP8RecipeKwargs(fp8_format="E4M3", use_delayed_scaling=True, amax_history_len=3,
                               amax_compute_algo="max", module_filter_func=lambda m, name: name != "1")
     acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[handler])

@@ -71,7 +71,7 @@ def test_overflow_skips_the_same_steps_on_every_rank(run, tmp_path, tmp_path_fac
 
 # -- DeepSpeed's scaler rules, in process --------------------------------------------------------------------
 def _run_scaler(block, overflows, steps):
-    from accelerate_c.loss_scale import DeepSpeedLossScaler, deepspeed_scaler_args
+    from accelerate_c.deepspeed.loss_scale import DeepSpeedLossScaler, deepspeed_scaler_args
     s = DeepSpeedLossScaler("cpu", **deepspeed_scaler_args(block))
     out = []
     for i in range(steps):
@@ -91,7 +91,7 @@ def test_deepspeed_consecutive_hysteresis():
 
 
 def test_deepspeed_minimum_then_error():
-    from accelerate_c.loss_scale import DeepSpeedLossScaler, deepspeed_scaler_args
+    from accelerate_c.deepspeed.loss_scale import DeepSpeedLossScaler, deepspeed_scaler_args
     s = DeepSpeedLossScaler("cpu", **deepspeed_scaler_args({"initial_scale_power": 2, "hysteresis": 1,
                                                             "min_loss_scale": 1.5}))
     s.apply_overflow(True)
@@ -105,7 +105,7 @@ def test_deepspeed_minimum_then_error():
 def test_deepspeed_static_scale_and_defaults():
     scales, _ = _run_scaler({"loss_scale": 128}, {1}, 4)
     assert scales == [128.0] * 4
-    from accelerate_c.loss_scale import deepspeed_scaler_args
+    from accelerate_c.deepspeed.loss_scale import deepspeed_scaler_args
     # no dynamic key: DeepSpeed's DynamicLossScaler() constructor defaults; any key: the config defaults
     assert deepspeed_scaler_args({"enabled": True}) == {"static_scale": None, "init_scale": 2.0 ** 32,
                                                         "scale_window": 1000, "hysteresis": 1,
@@ -120,7 +120,7 @@ def test_deepspeed_static_scale_and_defaults():
                                          ({"loss_scale_window": "x"}, "fp16.loss_scale_window"),
                                          ({"initial_scale_power": 1.5}, "fp16.initial_scale_power")])
 def test_deepspeed_fp16_errors_name_the_field(block, field):
-    from accelerate_c.loss_scale import deepspeed_scaler_args
+    from accelerate_c.deepspeed.loss_scale import deepspeed_scaler_args
     with pytest.raises(ValueError, match=f"`{field}`"):
         deepspeed_scaler_args(block)
 

@@ -147,7 +147,7 @@ def test_fp8_recompute_replays_the_forward_scales():
     histories of the same block run without checkpointing (without the context_fn the recomputation quantises with
     the scale the forward just recorded, and records every amax twice)."""
     from torch.utils.checkpoint import checkpoint
-    from accelerate_c.fp8 import FP8Config, FP8Linear, convert_to_fp8, recompute_context_fn
+    from accelerate_c.precision.fp8 import FP8Config, FP8Linear, convert_to_fp8, recompute_context_fn
     cfg = FP8Config(fp8_format="HYBRID", use_delayed_scaling=True, amax_history_len=4)
 
     def block():

@@ -159,7 +159,7 @@ def test_deepspeed_communication_data_type(run, tmp_path, tmp_path_factory, stag
 
 def test_communication_data_type_values():
     from accelerate_c.sharding.config import _fields_from_deepspeed_json
-    from accelerate_c.sharding.deepspeed_json import DeepSpeedConfigError, validate_config
+    from accelerate_c.deepspeed.schema import DeepSpeedConfigError, validate_config
     for value, dt in (("fp32", torch.float32), ("FP16", torch.float16), ("bf16", torch.bfloat16),
                       ("bfp16", torch.bfloat16)):
         validate_config({"communication_data_type": value})

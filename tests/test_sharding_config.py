@@ -18,7 +18,7 @@ from torch.distributed.fsdp import (CPUOffload, CPUOffloadPolicy, MixedPrecision
 
 import accelerate.utils as hf_utils
 from accelerate_c.sharding.config import ShardedConfig
-from accelerate_c.sharding.deepspeed_json import DeepSpeedConfigError, prepare_deepspeed_objects
+from accelerate_c.deepspeed.schema import DeepSpeedConfigError, prepare_deepspeed_objects
 from accelerate_c.utils.deepspeed_plugin import DeepSpeedPlugin, DummyOptim, DummyScheduler
 from accelerate_c.utils.sharding_plugins import FullyShardedDataParallelPlugin as FSDP
 
@@ -407,13 +407,13 @@ def test_dummies_become_the_json_optimizer_and_scheduler():
 @pytest.mark.parametrize("block,match", [({"type": "Lamb"}, "optimizer.type"),
                                          ({"type": "AdamW", "params": {"foo": 1}}, "optimizer.params.foo")])
 def test_unsupported_optimizer_names_the_field(block, match):
-    from accelerate_c.sharding.deepspeed_builders import build_optimizer
+    from accelerate_c.deepspeed.builders import build_optimizer
     with pytest.raises(DeepSpeedConfigError, match=match):
         build_optimizer(block, torch.nn.Linear(2, 2).parameters())
 
 
 def _lrs(block, steps, calls_per_step=1):
-    from accelerate_c.sharding.deepspeed_builders import build_scheduler
+    from accelerate_c.deepspeed.builders import build_scheduler
     opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0)
     sched = build_scheduler(block, opt, calls_per_step)
     out = [opt.param_groups[0]["lr"]]
@@ -450,7 +450,7 @@ def test_sharded_config_from_deepspeed_plugin():
     cfg = ShardedConfig.from_sources({"DeepSpeedPlugin": plugin}, env={})
     assert (cfg.face, cfg.stage, cfg.gradient_clipping, cfg.gradient_accumulation_steps, cfg.cpu_offload,
             cfg.zero3_init, cfg.bucket_cap_mb) == ("deepspeed", 3, 0.5, 2, True, True, 4.0)
-    from accelerate_c.loss_scale import deepspeed_scaler_args  # the fp16 block is the scaler's (loss_scale.py)
+    from accelerate_c.deepspeed.loss_scale import deepspeed_scaler_args  # the fp16 block is the scaler's (loss_scale.py)
     assert deepspeed_scaler_args(plugin.deepspeed_config["fp16"]) == {
         "static_scale": None, "init_scale": 4096.0, "scale_window": 100, "hysteresis": 2,
         "consecutive_hysteresis": False, "min_scale": 1.0}

@@ -26,7 +26,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-FORMAT_NAME = "accelerate_c.state"
+FORMAT_NAME = "accelerate_c.runtime.state"
 FORMAT_VERSION = 1
 TAG = "__t__"
 

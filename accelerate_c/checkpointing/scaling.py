@@ -15,7 +15,7 @@ import logging
 import os
 from typing import Any
 
-from ..fp8 import load_scaling_state, scaling_state, uses_delayed_scaling
+from ..precision.fp8 import load_scaling_state, scaling_state, uses_delayed_scaling
 from .format import CheckpointError, read_state, write_state
 
 logger = logging.getLogger(__name__)

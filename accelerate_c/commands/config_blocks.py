@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..utils.dataclasses import DynamoBackend
+from ..base.dataclasses import DynamoBackend
 
 TORCH_DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")  # HF's choices
 

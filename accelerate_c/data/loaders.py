@@ -12,10 +12,10 @@ from typing import Any, Callable, Iterator, Optional
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-from ..state import GradientState, PartialState
-from ..utils.operations import (broadcast, broadcast_object_list, concatenate, find_batch_size,
-                                get_data_structure, initialize_tensors, send_to_device, slice_tensors)
-from ..utils.random import synchronize_rng_states
+from ..runtime.state import GradientState, PartialState
+from ..runtime.operations import (broadcast, broadcast_object_list, concatenate, find_batch_size, get_data_structure,
+                                  initialize_tensors, send_to_device, slice_tensors)
+from ..runtime.random import synchronize_rng_states
 from .resume import DataLoaderStateMixin, ResumableMixin, _Resume, get_sampler
 from .samplers import _ResumeSkip
 

@@ -9,8 +9,8 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from ..state import PartialState
-from ..utils.dataclasses import DistributedType, RNGType
+from ..runtime.state import PartialState
+from ..base.dataclasses import DistributedType, RNGType
 from .loaders import DataLoaderDispatcher, DataLoaderShard, SkipDataLoader
 from .resume import get_sampler
 from .samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler, \

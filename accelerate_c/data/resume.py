@@ -95,7 +95,7 @@ class ResumableMixin:
         return state
 
     def __setstate__(self, state: dict) -> None:
-        from ..state import GradientState, PartialState
+        from ..runtime.state import GradientState, PartialState
 
         self.__dict__.update(state)
         self.__dict__["_iterator"] = None

@@ -70,7 +70,7 @@ class ShardedConfig(DDPConfig):
 def fields_from_fsdp_plugin(plugin: Any) -> dict[str, Any]:
     """ShardedConfig fields from a FullyShardedDataParallelPlugin (utils/sharding_plugins.py, FSDP2 semantics after
     its __post_init__; duck-typed, so HF's own plugin object maps too)."""
-    from ..utils.sharding_plugins import RESHARD_OF_STRATEGY, strategy_name
+    from ..base.fsdp_plugin import RESHARD_OF_STRATEGY, strategy_name
     fields: dict[str, Any] = {"face": "fsdp"}
     strategy = getattr(plugin, "sharding_strategy", None)
     rs = getattr(plugin, "reshard_after_forward", None)
@@ -153,7 +153,7 @@ def _fields_from_deepspeed_json(config: Mapping[str, Any]) -> dict[str, Any]:
     ga = config.get("gradient_accumulation_steps")
     if isinstance(ga, int) and not isinstance(ga, bool):
         fields["gradient_accumulation_steps"] = ga
-    from .deepspeed_json import communication_dtype
+    from ..deepspeed.schema import communication_dtype
     rdt = communication_dtype(config)  # gradients reduced (and the shard gradient kept) in it
     if rdt is not None:
         fields["reduce_dtype"] = rdt

@@ -117,7 +117,7 @@ class ShardEngine:
         inputs and is recomputed in backward. The recomputation calls the unit's own forward, not the module, so
         no forward hook runs again: under stage 3 the unit is already gathered by its pre-backward hook."""
         from torch.utils.checkpoint import checkpoint
-        from ..fp8 import recompute_context_fn
+        from ..precision.fp8 import recompute_context_fn
         for u in self.units:
             if not u.name:
                 continue
@@ -133,7 +133,7 @@ class ShardEngine:
             self._restore.append((u.module, inner))
 
     def _cast_inputs(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
-        from ..utils.operations import recursively_apply
+        from ..runtime.operations import recursively_apply
 
         def cast(x: torch.Tensor) -> torch.Tensor:
             return x.to(self.pdt) if x.is_floating_point() and x.dtype != self.pdt else x

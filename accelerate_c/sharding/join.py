@@ -33,7 +33,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from ..strategies.ddp_join import NFIELDS as NAGREE, SyncAgreement
+from ..ddp.join import NFIELDS as NAGREE, SyncAgreement
 from .zero3 import _tensors
 
 FWD, BWD, CLIP, STEP, ZERO, LAST, UNSC = 1, 2, 3, 4, 5, 6, 7
@@ -301,7 +301,7 @@ class ShardedJoin:
         if self.precision is None:
             self.precision = self.strategy.last_precision
         if self.precision is None:  # this rank never stepped nor unscaled: full precision
-            from ..precision import Precision
+            from ..precision.policy import Precision
             self.precision = Precision(self.comm.device, {})
         return self.precision
 

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Optional
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..utils.operations import recursively_apply
+from ..runtime.operations import recursively_apply
 
 FP32_MODULE_CLASSES: tuple[type, ...] = (_BatchNorm,)
 

@@ -166,8 +166,8 @@ class ShardedParams:
             if g is not None and g.numel():
                 mine.append(g)
         counted = [g for g in mine + (replicated_grads if engine.rank == 0 else []) if g.numel()]
-        # this rank's part with the C kernels of accelerate_c.ops (fp64 accumulation), then one all-reduce
-        from ..ops import global_norm, scale_
+        # this rank's part with the C kernels of accelerate_c.optim.gradops (fp64 accumulation), then one all-reduce
+        from ..optim.gradops import global_norm, scale_
         if math.isinf(norm_type):
             local = global_norm(counted, norm_type).reshape(1).to(torch.float64)
             total = engine.comm.all_reduce(local, "max", control=True)[0]

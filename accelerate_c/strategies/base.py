@@ -15,7 +15,7 @@ from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Optiona
 
 import torch
 
-from ..utils.dataclasses import DistributedType
+from ..base.dataclasses import DistributedType
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on", "y", "t"), ("0", "false", "no", "off", "n", "f")
@@ -130,7 +130,7 @@ class Strategy:
         plugin = self.ctx.handlers.get("DeepSpeedPlugin")
         if plugin is None:
             return objects
-        from ..sharding.deepspeed_json import prepare_deepspeed_objects
+        from ..deepspeed.schema import prepare_deepspeed_objects
         objects = prepare_deepspeed_objects(plugin, objects, accelerator)
         # "auto" gradient_clipping is filled now (1.0, as HF)
         self.config = dataclasses.replace(self.config, gradient_clipping=deepspeed_clipping(plugin.deepspeed_config))
@@ -217,7 +217,7 @@ class Strategy:
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         grads = [p.grad for p in params if p.grad is not None]
         if grads and all(g.device.type == "cpu" for g in grads):
-            from ..ops import clip_grad_norm_  # one fused norm pass + one scale pass (C)
+            from ..optim.gradops import clip_grad_norm_  # one fused norm pass + one scale pass (C)
             return clip_grad_norm_(grads, max_norm, norm_type=norm_type)
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
 
@@ -229,7 +229,7 @@ class Strategy:
         """The model's state dict. Under a DeepSpeedPlugin (one process: HF still runs DeepSpeed's engine) CPU copies
         in the engine's dtype, under ZeRO-3 only with stage3_gather_16bit_weights_on_model_save (saved_weights_dtype's
         rule); the sharded strategy has its own (strategies/sharded.py)."""
-        from ..utils.other import extract_model_from_parallel
+        from ..runtime.models import extract_model_from_parallel
         if "DeepSpeedPlugin" in self.ctx.handlers:
             from ..sharding.statedict import full_state_dict
             return full_state_dict(extract_model_from_parallel(model), None, True, self.saved_weights_dtype())
@@ -263,7 +263,7 @@ class Strategy:
         written by one rank each (`owner`), the ranks taking turns by size so they write in parallel. Tied names
         (the same memory under a second name) are listed but owned by no rank: the checkpoint stores them once."""
         from ..checkpointing.slices import TensorSlice
-        from ..utils.other import extract_model_from_parallel
+        from ..runtime.models import extract_model_from_parallel
         sd = extract_model_from_parallel(model).state_dict(keep_vars=True)
         first: dict[tuple, str] = {}
         tied = set()
@@ -286,7 +286,7 @@ class Strategy:
         tensor "<name>/<key>" restricted to the slot; anything else (step, ...) is per-parameter scalar state.
         A tied parameter is named by its first name, as in model_slices."""
         from ..checkpointing.slices import ParamSlot
-        from ..utils.other import extract_model_from_parallel
+        from ..runtime.models import extract_model_from_parallel
         names: dict[int, str] = {}
         for n, p in extract_model_from_parallel(model).named_parameters(remove_duplicate=False):
             names.setdefault(id(p), n)
@@ -316,7 +316,7 @@ class Strategy:
 def compute_dtype(state: Any) -> Optional[torch.dtype]:
     """The low-precision dtype the run's mixed_precision computes weights in (fp8: bf16 weights, as HF; the
     plugins' own table, MIXED_PRECISION_DTYPES), None for full precision."""
-    from ..utils.sharding_plugins import MIXED_PRECISION_DTYPES
+    from ..base.fsdp_plugin import MIXED_PRECISION_DTYPES
     dtype = MIXED_PRECISION_DTYPES.get(str(getattr(state, "mixed_precision", "no")))
     return dtype if dtype is not None and dtype != torch.float32 else None
 

@@ -319,7 +319,7 @@ class DataParallel(Strategy):
         if not models:
             raise ValueError("join_uneven_inputs: no model prepared for data parallelism among the joinables "
                              f"({[type(j).__name__ for j in joinables]}); pass the model(s) prepare() returned")
-        from .ddp_join import JoinProtocol
+        from ..ddp.join import JoinProtocol
         join = JoinProtocol(self, models)
         self.suspend_split_step()
         self._join = join

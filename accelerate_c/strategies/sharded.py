@@ -22,7 +22,7 @@ import torch
 from . import register
 from .base import balanced_owners, compute_dtype
 from .ddp import DataParallelModule, GradSync
-from .ddp_bucketed import BucketedDataParallel
+from ..ddp.bucketed import BucketedDataParallel
 from ..sharding.config import ShardedConfig
 
 
@@ -282,7 +282,7 @@ class ShardedDataParallel(BucketedDataParallel):
 
     # -- state -------------------------------------------------------------------------------------------------
     def _engine_of(self, model: torch.nn.Module) -> Optional[Any]:
-        from ..utils.other import extract_model_from_parallel
+        from ..runtime.models import extract_model_from_parallel
         inner = extract_model_from_parallel(model)
         return next((e for e in self.engines if e.model is inner), None)
 
@@ -311,7 +311,7 @@ class ShardedDataParallel(BucketedDataParallel):
         (sharding/statedict.py; collective): on rank 0 only ({} elsewhere, where at most one gathered unit is held
         at a time) or, rank0_only=False, on every rank."""
         from ..sharding.statedict import full_state_dict
-        from ..utils.other import extract_model_from_parallel
+        from ..runtime.models import extract_model_from_parallel
         keep = not rank0_only or self.state.process_index == 0
         return full_state_dict(extract_model_from_parallel(model), self._engine_of(model), keep, dtype)
 

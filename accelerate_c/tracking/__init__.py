@@ -9,8 +9,8 @@ import os
 import warnings
 from typing import Any, Optional, Union
 
-from ..utils import imports as _imports
-from ..utils.dataclasses import LoggerType
+from ..base import imports as _imports
+from ..base.dataclasses import LoggerType
 from .base import GeneralTracker, on_main_process, plain_values
 from .hosted import AimTracker, CometMLTracker, SwanLabTracker, TrackioTracker, WandBTracker
 from .local import JSONLTracker, TensorBoardTracker, read_jsonl

@@ -17,7 +17,7 @@ def on_main_process(function: Callable) -> Callable:
     @wraps(function)
     def run_on_main(self: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(self, "main_process_only", False):
-            from ..state import PartialState
+            from ..runtime.state import PartialState
 
             return PartialState().on_main_process(function)(self, *args, **kwargs)
         return function(self, *args, **kwargs)
@@ -69,6 +69,6 @@ def plain_values(values: dict) -> dict:
     """`values` with tensors and numpy values turned into Python numbers (0-d → a number, else lists)."""
     if not isinstance(values, dict):
         raise TypeError(f"tracker values must be a dict of name -> value, got {type(values).__name__}")
-    from ..utils.operations import listify, recursively_apply
+    from ..runtime.operations import listify, recursively_apply
 
     return recursively_apply(lambda v: v.tolist(), listify(values), test_type=_is_numpy)

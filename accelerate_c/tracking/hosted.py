@@ -10,7 +10,7 @@ from typing import Any, Optional, Union
 
 from packaging.version import Version
 
-from ..utils.imports import compare_versions
+from ..base.imports import compare_versions
 from .base import GeneralTracker, on_main_process, plain_values
 
 

@@ -8,8 +8,8 @@ import json
 import os
 from typing import Any, Optional, Union
 
-from ..logging import get_logger
-from ..utils.imports import str_to_bool
+from ..runtime.logging import get_logger
+from ..base.imports import str_to_bool
 from .base import GeneralTracker, on_main_process, plain_values
 
 logger = get_logger(__name__)

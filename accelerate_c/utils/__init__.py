@@ -2,16 +2,17 @@
 # RNG helpers, memory helpers, model unwrapping/compiling, save/load, environment context managers, tqdm.
 # Submodules that import torch are imported lazily by name so `import accelerate_c.utils` stays fast.
 # Not for: anything with behaviour of its own beyond re-exporting.
-from .dataclasses import (BaseEnum, DataLoaderConfiguration, DistributedType, DynamoBackend, FP8BackendType,
-                          GradientAccumulationPlugin, KwargsHandler, LoggerType, PrecisionType, ProjectConfiguration,
-                          RNGType, TorchDynamoPlugin)
-from .environment import are_libraries_initialized, clear_environment, patch_environment
-from .imports import *  # noqa: F401,F403 - the is_*_available probes (cheap: nothing optional is imported)
-from .imports import compare_versions, is_torch_version, str_to_bool
-from .kwargs_handlers import (AutocastKwargs, DDPCommunicationHookType, DistributedDataParallelKwargs,
-                              FP8RecipeKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
-                              TERecipeKwargs)
-from .tqdm import tqdm  # eager (cheap: tqdm itself loads on first call) so the name is the function, not the module
+from ..base.dataclasses import (BaseEnum, DataLoaderConfiguration, DistributedType, DynamoBackend, FP8BackendType,
+                                GradientAccumulationPlugin, KwargsHandler, LoggerType, PrecisionType,
+                                ProjectConfiguration, RNGType, TorchDynamoPlugin)
+from ..base.environment import are_libraries_initialized, clear_environment, patch_environment
+from ..base.imports import *  # noqa: F401,F403 - the is_*_available probes (cheap: nothing optional is imported)
+from ..base.imports import compare_versions, is_torch_version, str_to_bool
+from ..base.kwargs_handlers import (AutocastKwargs, DDPCommunicationHookType, DistributedDataParallelKwargs,
+                                    FP8RecipeKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
+                                    TERecipeKwargs)
+# eager (cheap: tqdm itself loads on first call) so the name is the function, not the module
+from ..runtime.progress import tqdm
 
 # operations / random import torch: resolved on first use (PEP 562) so `import accelerate_c.utils` stays light.
 _LAZY = {
@@ -27,7 +28,7 @@ _LAZY = {
     "accelerate_c.commands.config": ("write_basic_config",),
     "sharding_plugins": ("FullyShardedDataParallelPlugin",),
     "deepspeed_plugin": ("DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "get_active_deepspeed_plugin"),
-    "accelerate_c.sharding.deepspeed_json": ("HfDeepSpeedConfig",),
+    "accelerate_c.deepspeed.schema": ("HfDeepSpeedConfig",),
 }
 _LAZY_NAMES = {name: mod for mod, names in _LAZY.items() for name in names}
 

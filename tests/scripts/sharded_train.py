@@ -177,7 +177,7 @@ def emulate(args: argparse.Namespace) -> None:
     per_rank = [{k: v.clone() for k, v in model.named_buffers()} for _ in range(n)]
     scaling = None
     if args.fp8:  # the same conversion; each rank keeps its own scaling state (amax histories)
-        from accelerate_c.fp8 import FP8Config, convert_to_fp8
+        from accelerate_c.precision.fp8 import FP8Config, convert_to_fp8
         convert_to_fp8(model, FP8Config.from_handler(fp8_handler(args)))
         scaling = [pycopy.deepcopy(fp8_states(model)) for _ in range(n)]
 
@@ -243,7 +243,7 @@ def fp8_handler(args: argparse.Namespace) -> Any:
 
 
 def fp8_states(model: torch.nn.Module) -> dict:
-    from accelerate_c.fp8 import FP8Linear
+    from accelerate_c.precision.fp8 import FP8Linear
     return {n: (m.x_state, m.w_state, m.g_state) for n, m in model.named_modules() if isinstance(m, FP8Linear)}
 
 
@@ -451,7 +451,7 @@ def distributed(args: argparse.Namespace) -> None:
 def resume_check(args: argparse.Namespace, acc: Any, model: torch.nn.Module, opts: list) -> None:
     """save_state, one more step, load_state, the same step again: both give the same loss and weights (and, fp8,
     the same amax histories after it)."""
-    from accelerate_c.fp8 import scaling_state
+    from accelerate_c.precision.fp8 import scaling_state
     ckpt = os.path.join(args.out, "ckpt")
     acc.save_state(ckpt)
     kind, n, r = args.model, acc.num_processes, acc.process_index

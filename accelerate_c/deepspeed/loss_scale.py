@@ -1,4 +1,4 @@
-# accelerate_c/loss_scale.py: DeepSpeed's fp16 loss scaling for runs configured through a DeepSpeedPlugin: the
+# accelerate_c/deepspeed/loss_scale.py: DeepSpeed's fp16 loss scaling for runs configured through a DeepSpeedPlugin: the
 # JSON "fp16" block (loss_scale, initial_scale_power, loss_scale_window, hysteresis, consecutive_hysteresis,
 # min_loss_scale) read into a scaler with DeepSpeed's rules (its DynamicLossScaler / static LossScaler), on the
 # surface of torch.amp.GradScaler (scale, unscale_, step, update, get_scale, state_dict), so precision.py's fp16

@@ -1,6 +1,6 @@
-# accelerate_c/probes.py: the feature probes HF scripts read on AcceleratorState and Accelerator (DeepSpeed,
-# FSDP, Megatron-LM, the parallelism config and device mesh, fp8 backend, the *_parallel_rank properties), as
-# two mixins. They answer what HF 1.15 answers: for DeepSpeed/FSDP from the state's plugins (state.py sets them),
+# accelerate_c/facade/probes.py: the feature probes HF scripts read on the Accelerator (DeepSpeed, FSDP,
+# Megatron-LM, the parallelism config and device mesh, fp8 backend, the *_parallel_rank properties), as a mixin
+# (the state's own probes: runtime/probes.py). They answer what HF 1.15 answers: for DeepSpeed/FSDP from the state's plugins (state.py sets them),
 # for Megatron-LM / tensor parallelism what HF answers when unused (the constructors refuse those features).
 # Not for: the features themselves (the sharded engine and tensor/pipeline parallelism will own their state).
 from __future__ import annotations
@@ -8,55 +8,8 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from .utils.dataclasses import DistributedType, FP8BackendType, TorchDynamoPlugin
-
-_NO_DEEPSPEED = ("DeepSpeed is not enabled, please make sure that an `Accelerator` is configured for `deepspeed` "
-                 "before calling this function.")
-
-
-class StateProbes:
-    """AcceleratorState's plugin attributes and probes."""
-
-    distributed_type: Any
-    _PLUGINS = ("deepspeed_plugins", "torch_tp_plugin", "parallelism_config", "device_mesh", "fsdp_plugin",
-                "megatron_lm_plugin")
-
-    def _init_plugins(self, dynamo_plugin: Optional[TorchDynamoPlugin]) -> None:
-        # HF leaves fsdp_plugin / megatron_lm_plugin unset (AttributeError) when unused; None answers the
-        # same `getattr(state, "fsdp_plugin", None)` checks without raising on plain attribute access.
-        for name in self._PLUGINS:
-            setattr(self, name, None)
-        self.dynamo_plugin = dynamo_plugin if dynamo_plugin is not None else TorchDynamoPlugin()
-
-    @property
-    def deepspeed_plugin(self) -> Any:
-        """The active DeepSpeedPlugin; None when DeepSpeed is not used."""
-        if self.distributed_type != DistributedType.DEEPSPEED:
-            return None
-        plugins = self.deepspeed_plugins
-        if not isinstance(plugins, dict):
-            return plugins
-        return next(p for p in plugins.values() if p.selected)
-
-    @property
-    def is_fsdp2(self) -> bool:
-        return self.distributed_type == DistributedType.FSDP and self.fsdp_plugin.fsdp_version == 2
-
-    def _require_deepspeed(self) -> None:
-        if self.distributed_type != DistributedType.DEEPSPEED:
-            raise ValueError(_NO_DEEPSPEED)
-
-    def get_deepspeed_plugin(self, name: str) -> Any:
-        self._require_deepspeed()
-        return self.deepspeed_plugins[name]
-
-    def select_deepspeed_plugin(self, name: Optional[str] = None) -> None:
-        """Makes the named plugin (of a dict passed as deepspeed_plugins) the active one, as HF."""
-        self._require_deepspeed()
-        for key, plugin in self.deepspeed_plugins.items():
-            if key != name:
-                plugin._unselect()
-        self.deepspeed_plugins[name].select(_from_accelerator_state=True)
+from ..base.dataclasses import DistributedType, FP8BackendType
+from ..runtime.probes import NO_DEEPSPEED as _NO_DEEPSPEED
 
 
 class AcceleratorProbes:

@@ -1,4 +1,4 @@
-# accelerate_c/checkpoint_api.py: the checkpoint half of the Accelerator API (save_state, load_state,
+# accelerate_c/facade/checkpoint_api.py: the checkpoint half of the Accelerator API (save_state, load_state,
 # save_model, save, register_for_checkpointing, state hooks), as a mixin delegating to
 # accelerate_c.checkpointing, which owns the on-disk format and the atomic writes (`save` is utils.other.save).
 # Not for: the format itself (checkpointing/).
@@ -24,21 +24,21 @@ class CheckpointAPI:
     _load_model_state_pre_hook: dict
 
     def save_state(self, output_dir: Optional[str] = None, safe_serialization: bool = True, **kwargs: Any) -> str:
-        from .checkpointing import save_state
+        from ..checkpointing import save_state
         return save_state(self, output_dir, safe_serialization=safe_serialization, **kwargs)
 
     def load_state(self, input_dir: Optional[str] = None, load_kwargs: Optional[dict] = None, **kwargs: Any) -> None:
-        from .checkpointing import load_state
+        from ..checkpointing import load_state
         return load_state(self, input_dir, load_kwargs=load_kwargs, **kwargs)
 
     def save_model(self, model: torch.nn.Module, save_directory: str, max_shard_size: Union[int, str] = "10GB",
                    safe_serialization: bool = True) -> None:
-        from .checkpointing import save_model
+        from ..checkpointing import save_model
         return save_model(self, model, save_directory, max_shard_size=max_shard_size,
                           safe_serialization=safe_serialization)
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
-        from .utils.other import save
+        from ..utils.other import save
         save(obj, f, save_on_each_node=self.project_configuration.save_on_each_node,
              safe_serialization=safe_serialization)
 

@@ -1,4 +1,4 @@
-# accelerate_c/process_api.py: the process-control and collective half of the Accelerator API
+# accelerate_c/facade/process_api.py: the process-control and collective half of the Accelerator API
 # (is_main_process, wait_for_everyone, gather, gather_for_metrics, reduce, triggers, decorators, ...),
 # as a mixin so accelerator.py stays small. Everything delegates to PartialState or utils.operations.
 # Not for: training-step logic (accelerator.py) or checkpoints (checkpoint_api.py).
@@ -9,8 +9,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from .state import PartialState
-from .utils import operations as _ops  # imported here, not per call: gather/reduce are everyday calls
+from ..runtime.state import PartialState
+from ..runtime import operations as _ops  # imported here, not per call: gather/reduce are everyday calls
 
 
 class ProcessAPI:

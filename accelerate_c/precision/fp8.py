@@ -1,6 +1,6 @@
-# accelerate_c/fp8.py: mixed_precision="fp8": nn.Linear layers are swapped for FP8Linear, which casts its
+# accelerate_c/precision/fp8.py: mixed_precision="fp8": nn.Linear layers are swapped for FP8Linear, which casts its
 # input, weight and (in backward) output gradient to float8 with per-tensor scales, using
-# accelerate_c.ops.cast (scale, RNE, saturation and amax in one pass). Scaling is either current
+# accelerate_c.precision.cast.cast (scale, RNE, saturation and amax in one pass). Scaling is either current
 # (dynamic: scale from this tensor's amax) or delayed (scale from an amax history of earlier steps, the
 # new amax recorded in the same cast pass). Format E4M3 everywhere, or HYBRID: e4m3 forward, e5m2 grads.
 # On a GPU with fp8 support the forward matmul uses torch._scaled_mm; elsewhere it computes on the
@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from .precision import Precision
+from .policy import Precision
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 FP8_MAX = {E4M3: 448.0, E5M2: 57344.0}
@@ -72,7 +72,7 @@ class ScaleState:
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, float]:
         """Returns (x cast to fp8, scale). Delayed scaling casts with the history's scale and records
         this tensor's amax from the same pass; current scaling computes amax first."""
-        from .ops import cast
+        from .cast import cast
         if self.cfg.use_delayed_scaling and self.history:
             amax_hist = max(self.history) if self.cfg.amax_compute_algo == "max" else self.history[-1]
             scale = self._scale_from(amax_hist)

@@ -1,4 +1,4 @@
-# accelerate_c/strategies/ddp_bucketed.py: data parallelism with a bucketed gradient all-reduce that
+# accelerate_c/ddp/bucketed.py: data parallelism with a bucketed gradient all-reduce that
 # overlaps backward. After prepare, every parameter's .grad is a view into one flat gradient buffer per
 # dtype (no copies between gradients and buckets); buckets are slices of it, in reverse registration
 # order (gradients arrive roughly in that order): a small first bucket, then `bucket_cap_mb` ones, and a
@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
-from . import register
-from .ddp import DataParallel, DDPConfig, broadcast_coalesced
-from .sharded_step import OptimizerShard, ParamShards, state_keys
+from ..strategies import register
+from ..strategies.ddp import DataParallel, DDPConfig, broadcast_coalesced
+from ..strategies.sharded_step import OptimizerShard, ParamShards, state_keys
 
 FIRST_BUCKET_BYTES = 1 << 20
 

@@ -1,4 +1,4 @@
-# accelerate_c/precision.py: precision policies as objects that always exist (a no-op one when
+# accelerate_c/precision/policy.py: precision policies as objects that always exist (a no-op one when
 # mixed_precision="no"), so the Accelerator and strategies call them unconditionally:
 # autocast in forward, loss scaling with dynamic scale (fp16), unscale/skip logic around the step.
 # The optimizer step itself belongs to the strategy (strategies/base.py: Strategy.step); a precision only
@@ -125,7 +125,7 @@ class FP16Precision(Precision):
     """fp16 autocast with dynamic loss scaling: torch.amp.GradScaler's semantics and state (GradScalerKwargs),
     with the CPU work done by the fused C kernels: the unscale + non-finite check is folded into the
     optimizer pass (accelerate_c.optim.fused_step(grad_scale=1/scale, skip_if_nonfinite=True)), or, when
-    the user unscaled first (clip_grad_norm_), done by accelerate_c.ops in one pass. A step with a
+    the user unscaled first (clip_grad_norm_), done by accelerate_c.optim.gradops in one pass. A step with a
     non-finite gradient changes nothing and backs the scale off; the strategy's step reports it as skipped.
     Under a DeepSpeedPlugin the scaler follows the JSON "fp16" block with DeepSpeed's rules (loss_scale.py).
     Where each rank holds part of the gradients (sharded), the strategy unscales first and passes `agree`."""
@@ -137,7 +137,7 @@ class FP16Precision(Precision):
         super().__init__(device, handlers, fused_kernels)
         ds = handlers.get("DeepSpeedPlugin")
         if ds is not None:  # DeepSpeed's fp16 block: its scaler's rules (hysteresis, minimum, static scale)
-            from .loss_scale import DeepSpeedLossScaler, deepspeed_scaler_args
+            from ..deepspeed.loss_scale import DeepSpeedLossScaler, deepspeed_scaler_args
             block = (getattr(ds, "deepspeed_config", None) or {}).get("fp16", {})
             self.scaler = DeepSpeedLossScaler(device.type, **deepspeed_scaler_args(block))
         else:
@@ -161,7 +161,7 @@ class FP16Precision(Precision):
         if not self.use_fused:
             self.scaler.unscale_(optimizer)
         else:
-            from .ops import non_finite_check_and_unscale_
+            from ..optim.gradops import non_finite_check_and_unscale_
             inv_scale = self.scaler._scale.double().reciprocal().float()
             found_inf = torch.zeros(1, dtype=torch.float32)
             grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
@@ -192,7 +192,7 @@ class FP16Precision(Precision):
         return skipped
 
     def _update(self, found_inf: bool) -> None:
-        from .loss_scale import update_scale
+        from ..deepspeed.loss_scale import update_scale
         update_scale(self.scaler, found_inf)
 
     def torch_step(self, optimizer: torch.optim.Optimizer, closure: Optional[Callable] = None) -> bool:

@@ -1,4 +1,4 @@
-# accelerate_c/sharding/deepspeed_json.py: the DeepSpeed JSON config without DeepSpeed. HfDeepSpeedConfig (HF's
+# accelerate_c/deepspeed/schema.py: the DeepSpeed JSON config without DeepSpeed. HfDeepSpeedConfig (HF's
 # query object: dotted-key lookups, stage, offload), the schema of the fields accelerate_c implements (any other
 # field is an error naming its dotted path), the batch-size consistency rule (train = micro * GA * world), and the
 # prepare-time resolution of "auto" values and DummyOptim/DummyScheduler (`prepare_deepspeed_objects`, which the
@@ -218,7 +218,7 @@ def validate_config(config: dict, _prefix: str = "") -> list[str]:
         if not _prefix and block in config:
             if "type" not in config[block]:
                 raise DeepSpeedConfigError(f"DeepSpeed config `{block}`: the block needs a `type`")
-            from .deepspeed_builders import check_block
+            from .builders import check_block
             check_block(block, config[block])
     return hints
 
@@ -290,8 +290,8 @@ def prepare_deepspeed_objects(plugin: Any, objects: list, accelerator: Any) -> l
 
 
 def _prepare_deepspeed_objects(plugin: Any, objects: list, accelerator: Any) -> list:
-    from ..utils.deepspeed_plugin import DummyOptim, DummyScheduler
-    from .deepspeed_builders import build_optimizer, build_scheduler, is_ds_scheduler
+    from .plugin import DummyOptim, DummyScheduler
+    from .builders import build_optimizer, build_scheduler, is_ds_scheduler
 
     config = plugin.deepspeed_config
     world = accelerator.num_processes

@@ -1,4 +1,4 @@
-# accelerate_c/tracking_api.py: the observability half of the Accelerator API, as a mixin:
+# accelerate_c/facade/tracking_api.py: the observability half of the Accelerator API, as a mixin:
 # experiment trackers (init_trackers, log, get_tracker; `end_training` in accelerator.py finishes them) and
 # the torch profiler (`profile`). HF Accelerate 1.15 semantics: trackers are created, started and written on
 # the main process only; every other rank holds none and its calls do nothing.
@@ -24,7 +24,7 @@ class TrackingAPI:
         hyperparameters; `init_kwargs` = {tracker name: {kwargs for its constructor}}."""
         if not self.is_main_process:
             return
-        from .tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker
+        from ..tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker
 
         init_kwargs = init_kwargs or {}
         for entry in self.log_with:
@@ -46,7 +46,7 @@ class TrackingAPI:
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         """The tracker whose `name` is `name` (its underlying run/writer when `unwrap`). On ranks without
         trackers, a blank GeneralTracker, so `get_tracker(...).log(...)` is a harmless no-op there."""
-        from .tracking import GeneralTracker
+        from ..tracking import GeneralTracker
 
         if not self.trackers:
             return GeneralTracker(_blank=True)
@@ -70,7 +70,7 @@ class TrackingAPI:
         ProfileKwargs, else defaults) and yields the profiler. With `output_trace_dir` set, each process
         writes its chrome trace to `<output_trace_dir>/profile_<process_index>.json` on exit (HF's rule),
         then all processes meet at a barrier."""
-        from .utils.kwargs_handlers import ProfileKwargs
+        from ..base.kwargs_handlers import ProfileKwargs
 
         handler = profile_handler or self.profile_handler or ProfileKwargs()
         with handler.build() as profiler:

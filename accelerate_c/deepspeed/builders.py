@@ -1,4 +1,4 @@
-# accelerate_c/sharding/deepspeed_builders.py: the real optimizer and LR scheduler a DeepSpeed JSON "optimizer" /
+# accelerate_c/deepspeed/builders.py: the real optimizer and LR scheduler a DeepSpeed JSON "optimizer" /
 # "scheduler" block describes (what DeepSpeed builds behind DummyOptim / DummyScheduler): Adam/AdamW/SGD on
 # accelerate_c.optim's fused kernels, and DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR schedules (same
 # formulas, same step numbering) as torch LRSchedulers. Any other type or parameter is an error naming it.
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .deepspeed_json import DeepSpeedConfigError
+from .schema import DeepSpeedConfigError
 
 # type (DeepSpeed lower-cases its own optimizer names) -> accepted params with DeepSpeed's defaults
 _ADAM_PARAMS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "adam_w_mode": True,

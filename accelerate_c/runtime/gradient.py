@@ -1,13 +1,13 @@
-# accelerate_c/gradient_state.py: GradientState, the accumulation / end-of-dataloader bookkeeping shared by the
+# accelerate_c/runtime/gradient.py: GradientState, the accumulation / end-of-dataloader bookkeeping shared by the
 # Accelerator, its prepared optimizers and schedulers, and the prepared dataloaders (a "Borg" object, as in HF).
-# Scripts import it from accelerate_c.state (HF's path), which re-exports it.
+# Scripts import it from accelerate_c.runtime.state (HF's path), which re-exports it.
 # Not for: the process or precision state (state.py) or the accumulation decision itself (accelerator.py).
 from __future__ import annotations
 
 import weakref
 from typing import Any, Optional
 
-from .utils.dataclasses import GradientAccumulationPlugin
+from ..base.dataclasses import GradientAccumulationPlugin
 
 
 class GradientState:

@@ -1,4 +1,4 @@
-# accelerate_c/run_properties.py: the Accelerator's read-through properties of the run (HF 1.15 names): the
+# accelerate_c/facade/run_properties.py: the Accelerator's read-through properties of the run (HF 1.15 names): the
 # process state (device, ranks, mixed precision), the gradient-accumulation state, the data-loader and project
 # configuration. A mixin of Accelerator; every value lives in the objects the Accelerator built.
 # Not for: probes of features a run may not use (probes.py) or anything that acts.

@@ -1,4 +1,4 @@
-# accelerate_c/strategies/ddp_join.py: uneven inputs for data parallelism (Accelerator.join_uneven_inputs), torch
+# accelerate_c/ddp/join.py: uneven inputs for data parallelism (Accelerator.join_uneven_inputs), torch
 # DDP's Join protocol on our gradient sync, on CPU processes too (HF's only runs on GPUs). Inside the context, each
 # forward of a prepared model first all-reduces a vector [one-hot "I am active" per rank, SyncAgreement's fields];
 # a rank whose loop has ended waits in `shadow()` at the context's exit, all-reducing zeros and mirroring what the

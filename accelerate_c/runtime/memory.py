@@ -1,0 +1,98 @@
+# accelerate_c/runtime/memory.py: HF's memory helpers: `clear_device_cache`, `release_memory` and the
+# `find_executable_batch_size` decorator (retry with a smaller batch after an out-of-memory error), with
+# HF 1.15's semantics: the batch size is multiplied by 0.9 after each OOM unless `reduce_batch_size_fn` says
+# otherwise, and memory is released (gc + the device cache) before the first try and after every OOM.
+# Not for: the Accelerator's own bookkeeping (Accelerator.free_memory calls release_memory).
+from __future__ import annotations
+
+import functools
+import gc
+import inspect
+from typing import Any, Callable, Optional
+
+import torch
+
+# The messages that mean "out of memory" (CUDA/HIP/XPU, MPS, cuDNN's unsupported-size error, the CPU
+# allocator, HPU), as HF matches them.
+_OOM_MESSAGES = (
+    " out of memory.",
+    "MPS backend out of memory",
+    "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
+    "DefaultCPUAllocator: can't allocate memory",
+    "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed",
+)
+
+
+def clear_device_cache(garbage_collection: bool = False) -> None:
+    """Empties the caching allocator of the accelerator in use (optionally after gc.collect(), which is slow)."""
+    if garbage_collection:
+        gc.collect()
+    for name in ("xpu", "mlu", "sdaa", "musa", "npu"):
+        backend = getattr(torch, name, None)
+        try:
+            available = backend is not None and backend.is_available()
+        except Exception:  # a backend stub that cannot answer
+            available = False
+        if available:
+            backend.empty_cache()
+            return
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        torch.mps.empty_cache()
+    elif torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def release_memory(*objects: Any) -> list:
+    """Returns a list of None, one per object (reassign your variables to it), after gc and an emptied cache."""
+    objects = [None] * len(objects)
+    clear_device_cache(garbage_collection=True)
+    return objects
+
+
+def should_reduce_batch_size(exception: Exception) -> bool:
+    """True when `exception` is an out-of-memory RuntimeError (single-argument, as torch raises them)."""
+    if isinstance(exception, RuntimeError) and len(exception.args) == 1:
+        return any(msg in str(exception.args[0]) for msg in _OOM_MESSAGES)
+    return False
+
+
+def find_executable_batch_size(function: Optional[Callable] = None, starting_batch_size: int = 128,
+                               reduce_batch_size_fn: Optional[Callable[[], int]] = None) -> Callable:
+    """Decorator: calls `function(batch_size, *args, **kwargs)` starting at `starting_batch_size`; after an
+    out-of-memory error it frees memory, reduces the batch size (x0.9, or `reduce_batch_size_fn()`) and tries
+    again. Raises RuntimeError when the batch size reaches 0; any other exception propagates unchanged.
+    The batch size reached is kept for later calls of the decorated function, as in HF."""
+    if function is None:
+        return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size,
+                                 reduce_batch_size_fn=reduce_batch_size_fn)
+    batch_size = starting_batch_size
+    if reduce_batch_size_fn is None:
+        def reduce_batch_size_fn() -> int:
+            nonlocal batch_size
+            batch_size = int(batch_size * 0.9)
+            return batch_size
+
+    def decorator(*args: Any, **kwargs: Any) -> Any:
+        nonlocal batch_size
+        clear_device_cache(garbage_collection=True)
+        params = list(inspect.signature(function).parameters)
+        if len(params) < len(args) + 1:
+            passed = ", ".join(f"{name}={value}" for name, value in zip(params[1:], args[1:]))
+            raise TypeError(f"Batch size was passed into `{function.__name__}` as the first argument when called."
+                            f"Remove this as the decorator already does so: `{function.__name__}({passed})`")
+        while True:
+            if batch_size == 0:
+                raise RuntimeError("No executable batch size found, reached zero.")
+            try:
+                return function(batch_size, *args, **kwargs)
+            except Exception as e:
+                if not should_reduce_batch_size(e):
+                    raise
+            # Outside the except block the failed try's exception, traceback and frames (which hold its
+            # tensors) are gone, so this collect really frees them before the next try (HF collects while
+            # they are still referenced).
+            clear_device_cache(garbage_collection=True)
+            batch_size = reduce_batch_size_fn()
+
+    return decorator
