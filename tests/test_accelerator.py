@@ -176,7 +176,7 @@ def test_strategy_registry_does_not_depend_on_import_order():
     import sys
 
     from conftest import ROOT, clean_env
-    code = ("import accelerate_c.ddp.bucketed\n"
+    code = ("import accelerate_c.strategies.ddp_bucketed\n"
             "from accelerate_c import Accelerator\n"
             "print(Accelerator(cpu=True).strategy.name)\n")
     proc = subprocess.run([sys.executable, "-c", code], env=clean_env(), cwd=ROOT, capture_output=True, text=True,

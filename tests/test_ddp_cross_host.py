@@ -38,19 +38,19 @@ def _two_machines(tmp_path, per_machine, grad_sync="bucketed"):
     assert all(rc == 0 for rc, _, _ in results), describe_all(jobs)
     reports = {}
     for r in range(2 * per_machine):
-        world, transport, group = (out / f"group{r}.txt").read_text().split()
+        world, group = (out / f"group{r}.txt").read_text().split()
         assert world == str(2 * per_machine)
-        reports[r] = (transport, group)
+        reports[r] = group
     return reports, _load(out)
 
 
 def test_two_machines_two_ranks_each_hierarchical(tmp_path, single):
     reports, multi = _two_machines(tmp_path, per_machine=2)
-    assert reports == {r: ("CommTransport", "HierarchicalGroup") for r in range(4)}, reports
+    assert reports == {r: "HierarchicalGroup" for r in range(4)}, reports
     _close(single, multi)
 
 
 def test_two_machines_one_rank_each_torch(tmp_path, single):
     reports, multi = _two_machines(tmp_path, per_machine=1)
-    assert reports == {r: ("CommTransport", "TorchGroup") for r in range(2)}, reports
+    assert reports == {r: "TorchGroup" for r in range(2)}, reports
     _close(single, multi)

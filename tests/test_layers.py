@@ -67,8 +67,11 @@ def _imports(name: str, path: pathlib.Path, mods: dict) -> set[str]:
                 continue
             while t and t not in mods:
                 t = t.rpartition(".")[0]
-            if t.startswith("accelerate_c") and t != name:
+            # importing a.b.c runs the packages a.b's __init__ first: those count too (not the root's, which
+            # imports nothing until a name is asked for)
+            while t.startswith("accelerate_c.") and t != name and not name.startswith(t + "."):
                 out.add(t)
+                t = t.rpartition(".")[0]
     return out
 
 

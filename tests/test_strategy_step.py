@@ -14,7 +14,7 @@ from accelerate_c.state import AcceleratorState, GradientState
 from accelerate_c.strategies import REGISTRY, register
 from accelerate_c.strategies.base import StrategyConfig
 from accelerate_c.strategies.ddp import DDPConfig
-from accelerate_c.ddp.bucketed import BucketedDataParallel
+from accelerate_c.strategies.ddp_bucketed import BucketedDataParallel
 from accelerate_c.strategies.single import SingleProcess
 from accelerate_c.utils import patch_environment
 

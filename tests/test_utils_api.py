@@ -191,7 +191,7 @@ def _net():
 
 
 def test_unwraps_our_data_parallel_wrapper():
-    from accelerate_c.strategies.ddp import DataParallelModule
+    from accelerate_c.ddp.module import DataParallelModule
 
     net = _net()
     wrapped = DataParallelModule(net, sync=None, buffer_sync=None)

@@ -8,11 +8,11 @@
 # out of place (input untouched); all_reduce_async(tensor, op)
 # -> Work; reduce_scatter(output, input, op); all_gather(output, input) (flat, rank order); broadcast(tensor,
 # src) with src a rank *of the group*; scatter(output, input, src) (src's input, size * output.numel() elements,
-# block q -> rank q's output; input is only read on src, None elsewhere); barrier(); alloc(numel, dtype) (shared memory when the transport has
-# it); host_group() (the ShmGroup of this host's ranks, or None); close(). `op` is "sum" | "avg" | "max" |
+# block q -> rank q's output; input is only read on src, None elsewhere); barrier(); alloc(numel, dtype, device)
+# (shared memory when the transport has it); host_group() (the ShmGroup of this host's ranks, or None); close(). `op` is "sum" | "avg" | "max" |
 # "min" | "sum_div" (the sum, then divided by the group size as torch divides) (or a dist.ReduceOp).
 # Non-CPU tensors always go to torch.distributed on `pg` (NCCL/gloo). ACCELERATE_C_COMM=torch forces the plain
-# torch path.
+# torch path. `group_for_device` is the one place that chooses shared memory or the process group for a device.
 from __future__ import annotations
 
 import os
@@ -22,7 +22,7 @@ from typing import Any, Optional, Protocol
 import torch
 import torch.distributed as dist
 
-from accelerate_c.comm.shm import ShmGroup, Work, _op_code, check_scatter_input
+from accelerate_c.comm.shm import ShmGroup, _op_code, check_scatter_input
 
 # avg and sum_div = sum / n: torch's division of the summed tensor
 _TORCH_OPS = [dist.ReduceOp.SUM, dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.SUM]
@@ -46,9 +46,25 @@ class CollectiveGroup(Protocol):
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor: ...
     def scatter(self, output: torch.Tensor, input: Optional[torch.Tensor], src: int = 0) -> torch.Tensor: ...
     def barrier(self) -> None: ...
-    def alloc(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor: ...
+    def alloc(self, numel: int, dtype: torch.dtype = torch.float32,
+              device: Optional[torch.device] = None) -> torch.Tensor: ...
     def host_group(self) -> Any: ...
     def close(self) -> None: ...
+
+
+class _SumThenDivide:
+    """A torch.distributed Work whose wait() also divides the summed tensor by the group size."""
+
+    def __init__(self, work: Any, t: torch.Tensor, n: int) -> None:
+        self.work, self.t, self.n = work, t, n
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        self.work.wait()
+        self.t.div_(self.n)
+        return True
 
 
 class TorchGroup:
@@ -74,12 +90,9 @@ class TorchGroup:
 
     def all_reduce_async(self, tensor: torch.Tensor, op: Any = "sum") -> Any:
         code = _op_code(op)
-        if code in (1, 4):  # avg: torch has no async post-division; finish it here
-            self.all_reduce(tensor, op)
-            w = Work()
-            w._done.set()
-            return w
-        return dist.all_reduce(tensor, op=_TORCH_OPS[code], group=self.pg, async_op=True)
+        work = dist.all_reduce(tensor, op=_TORCH_OPS[code], group=self.pg, async_op=True)
+        # avg: torch has no reduction that divides; the division runs in wait(), after the sum arrived
+        return _SumThenDivide(work, tensor, self.size) if code in (1, 4) else work
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor:
         # gloo has no reduce_scatter on every torch version: all-reduce a copy and keep our slice
@@ -115,8 +128,9 @@ class TorchGroup:
     def barrier(self) -> None:
         dist.barrier(group=self.pg)
 
-    def alloc(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return torch.zeros(numel, dtype=dtype)
+    def alloc(self, numel: int, dtype: torch.dtype = torch.float32,
+              device: Optional[torch.device] = None) -> torch.Tensor:
+        return torch.zeros(numel, dtype=dtype, device=device)
 
     def host_group(self) -> None:
         """No shared memory between the ranks of this group."""
@@ -168,7 +182,10 @@ class _CpuOrTorch:
     def barrier(self) -> None:
         self.inner.barrier()
 
-    def alloc(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def alloc(self, numel: int, dtype: torch.dtype = torch.float32,
+              device: Optional[torch.device] = None) -> torch.Tensor:
+        if device is not None and torch.device(device).type != "cpu":
+            return torch.zeros(numel, dtype=dtype, device=device)
         return self.inner.alloc(numel, dtype)
 
     def host_group(self) -> Any:
@@ -208,6 +225,15 @@ def get_group(pg: Optional[dist.ProcessGroup] = None, *, timeout: Optional[float
             grp = _CpuOrTorch(HierarchicalGroup(pg, hosts, timeout=timeout), pg)
     _CACHE[key] = (owner, grp)
     return grp
+
+
+def group_for_device(device: torch.device, transport: str = "auto") -> CollectiveGroup:
+    """The one choice between accelerate_c's groups and the process group: for CPU tensors get_group() (shared
+    memory within a host), unless `transport` is "torch"; torch.distributed (NCCL/gloo) for any other device.
+    Collective when it builds a group (every rank calls it with the same arguments)."""
+    if torch.device(device).type == "cpu" and transport != "torch":
+        return get_group()
+    return TorchGroup()
 
 
 def release_groups() -> None:

@@ -162,7 +162,8 @@ class HierarchicalGroup:
             dist.barrier(group=self.leaders_pg)
         self.shm.barrier()
 
-    def alloc(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def alloc(self, numel: int, dtype: torch.dtype = torch.float32,
+              device: Optional[torch.device] = None) -> torch.Tensor:
         return self.shm.alloc(numel, dtype)
 
     def host_group(self) -> ShmGroup:

@@ -301,7 +301,8 @@ class ShmGroup:
         _C.shm_set_timeout(self._h, self.timeout)
 
     # ---- memory in the segment ----------------------------------------------------------------------------
-    def alloc(self, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def alloc(self, numel: int, dtype: torch.dtype = torch.float32,
+              device: Optional[torch.device] = None) -> torch.Tensor:
         """Collective: a zeroed 1-D tensor of `numel` elements living in shared memory. Collectives on it
         (or on any contiguous slice of it) read and write the peers' copies directly (no copy-in).
         Every rank must call alloc with the same sizes in the same order. At most 32 per group."""

@@ -19,8 +19,8 @@ _REDUCE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, t
 
 
 def group_for(tensor: torch.Tensor) -> Optional[Any]:
-    """The comm group for a CPU tensor, or None: use torch.distributed as HF does."""
-    if not tensor.is_cpu:
+    """The comm group for a CPU tensor (comm.group_for_device's choice), or None: torch.distributed as HF."""
+    if not tensor.is_cpu:  # the fast path of an everyday call: no device object built
         return None
     group = get_group()
     return None if type(group) is TorchGroup else group

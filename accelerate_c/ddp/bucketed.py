@@ -10,23 +10,17 @@
 # .grad holds the average (sum, then divide by the world size, the same on every rank, so ranks stay
 # bitwise identical), for code that reads gradients directly as for the optimizer.
 # Parameters no rank used in a step get grad None, as in the single-process loop.
-# Over shared memory the optimizer step itself is split between the host's ranks (sharded_step.py): this
-# strategy's step passes the prepared optimizer's OptimizerShard to the kernels as their partition; parameters
-# and optimizer state move into shared regions at prepare, each rank updates its slice and writes it into its
-# peers' copies (DDPConfig.sharded_step, ACCELERATE_C_SHARDED_STEP=0, turns this off).
-# Not for: the transport (accelerate_c.comm) or the reference path (strategies/ddp.py).
+# The buffers come from the group's alloc (comm.group_for_device: shared memory for CPU tensors, so a bucket's
+# all-reduce reads the peers' gradients in place), its all_reduce_async averages.
+# Not for: the strategy around it (strategies/ddp_bucketed.py), the split optimizer step (sharded_step.py), the
+# groups (accelerate_c.comm) or the reference path (strategies/ddp.py).
 from __future__ import annotations
 
-import warnings
 from typing import Any, Iterable, Optional
 
 import torch
-import torch.distributed as dist
 
 from .. import _C
-from ..strategies import register
-from ..strategies.ddp import DataParallel, DDPConfig, broadcast_coalesced
-from ..strategies.sharded_step import OptimizerShard, ParamShards, state_keys
 
 FIRST_BUCKET_BYTES = 1 << 20
 
@@ -231,170 +225,3 @@ class BucketedGradSync:
         for h in self._handles:
             h.remove()
         self._handles = []
-
-
-class _SumThenDivide:
-    """A torch.distributed Work whose wait() also divides the summed tensor by the world size."""
-
-    def __init__(self, work: Any, t: torch.Tensor, n: int) -> None:
-        self.work, self.t, self.n = work, t, n
-
-    def wait(self) -> None:
-        self.work.wait()
-        self.t.div_(self.n)
-
-
-class TorchTransport:
-    """torch.distributed (gloo on CPU, NCCL on GPU) as the bucket transport."""
-
-    def __init__(self, group: Any = None) -> None:
-        self.group = group
-        self.size = dist.get_world_size(group)
-
-    def alloc(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.zeros(numel, dtype=dtype, device=device)
-
-    def all_reduce_async(self, t: torch.Tensor, op: str) -> Any:
-        work = dist.all_reduce(t, group=self.group, async_op=True)
-        return _SumThenDivide(work, t, self.size) if op == "avg" else work
-
-    def broadcast(self, t: torch.Tensor, src: int = 0) -> None:
-        dist.broadcast(t, src=src, group=self.group)
-
-
-class CommTransport:
-    """accelerate_c.comm (shared memory within a host, hierarchical across hosts): the flat gradient
-    buffers live in the shared segment, so a bucket's all-reduce reads peers' gradients in place (zero
-    copy) and the average is folded into the reduction (sum in rank order, then divide)."""
-
-    def __init__(self, group: Any) -> None:
-        self.group = group
-        self.size = group.size
-
-    def alloc(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return self.group.alloc(numel, dtype)
-
-    def all_reduce_async(self, t: torch.Tensor, op: str) -> Any:
-        return self.group.all_reduce_async(t, op=op)
-
-    def broadcast(self, t: torch.Tensor, src: int = 0) -> None:
-        self.group.broadcast(t, src=src)
-
-
-def make_transport(device: torch.device, transport: str = "auto") -> Any:
-    """The shared-memory path on CPU unless `transport` (DDPConfig.transport) is "torch"."""
-    if device.type == "cpu" and transport != "torch":
-        from ..comm import get_group
-        return CommTransport(get_group())
-    return TorchTransport()
-
-
-@register("ddp_bucketed")
-class BucketedDataParallel(DataParallel):
-    priority = 20
-
-    @classmethod
-    def applies(cls, state: Any, handlers: dict[str, Any]) -> bool:
-        return state.num_processes > 1 and DDPConfig.from_sources(handlers).grad_sync == "bucketed"
-
-    def __init__(self, ctx: Any, config: Optional[DDPConfig] = None) -> None:
-        super().__init__(ctx, config)
-        self.transport: Optional[Any] = None
-        self._param_shards: list[ParamShards] = []
-        # id(optimizer) -> (optimizer, its shard): the split step of each prepared optimizer
-        self._opt_shards: dict[int, tuple[torch.optim.Optimizer, OptimizerShard]] = {}
-
-    def _host_group(self) -> Optional[Any]:
-        """The host's shm group when the optimizer step can be split over it, else None."""
-        if not isinstance(self.transport, CommTransport) or not self.config.fused_optimizer:
-            return None
-        if not self.config.sharded_step:
-            return None
-        host = self.transport.group.host_group()
-        return host if host is not None and host.size > 1 else None
-
-    def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
-        wrapped = super().prepare_model(model, device_placement, evaluation_mode)
-        host = None if evaluation_mode else self._host_group()
-        if host is not None:
-            # trainable ones (frozen ones, e.g. a base model under adapters, stay where they are; one unfrozen
-            # later is stepped whole on every rank)
-            try:
-                params = [p for p in wrapped.module.parameters() if p.requires_grad]
-                self._param_shards.append(ParamShards(params, host, wrapped._grad_sync))
-            except RuntimeError as e:  # e.g. /dev/shm too small: the same on every rank (the error is shared)
-                warnings.warn(f"accelerate_c: every rank steps every parameter (no split optimizer step): {e}")
-        return wrapped
-
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        # Split the step over the optimizer's parameters that the first prepared model holding any of them
-        # moved into shared memory (the others are stepped whole on every rank). Decided identically on every
-        # rank: the region allocation below is collective.
-        keys = state_keys(optimizer)
-        params = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        for shards in self._param_shards:
-            if keys is not None and not params.isdisjoint(shards.offset.keys()):
-                try:
-                    shard = OptimizerShard(optimizer, shards, keys)
-                except RuntimeError as e:
-                    warnings.warn(f"accelerate_c: every rank steps every parameter of this optimizer: {e}")
-                    break
-                self._opt_shards[id(optimizer)] = (optimizer, shard)
-                break
-        return optimizer
-
-    def optimizer_shard(self, optimizer: torch.optim.Optimizer) -> Optional[OptimizerShard]:
-        """The split step of a prepared optimizer (the user's torch optimizer), or None when it steps whole."""
-        entry = self._opt_shards.get(id(optimizer))
-        return entry[1] if entry is not None and entry[0] is optimizer else None
-
-    # -- the step ----------------------------------------------------------------------------------------
-    def step_partition(self, optimizer: torch.optim.Optimizer) -> Optional[OptimizerShard]:
-        """The kernels step this rank's slice (the shard is their partition) while the split applies; the whole
-        optimizer on every rank otherwise (per-rank gradients after no_sync turn it off for good)."""
-        shard = self.optimizer_shard(optimizer)
-        if shard is not None and not shard.usable():
-            shard.before_unsharded_step(optimizer)
-            return None
-        return shard
-
-    def before_torch_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Every rank steps the whole optimizer itself: its state is completed from the peers' slices first."""
-        shard = self.optimizer_shard(optimizer)
-        if shard is not None:
-            shard.before_unsharded_step(optimizer)
-
-    def make_sync(self, params: list[torch.nn.Parameter]) -> BucketedGradSync:
-        self._transport()
-        return BucketedGradSync(params, self.transport, self.config.bucket_cap_mb, compress=self.config.compress_dtype)
-
-    def _transport(self) -> Any:
-        if self.transport is None:
-            self.transport = make_transport(self.state.device, self.config.transport)
-        return self.transport
-
-    def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:
-        transport = self._transport()
-        broadcast_coalesced(tensors, lambda flat: transport.broadcast(flat, src))
-
-    def all_reduce_sum(self, t: torch.Tensor) -> None:
-        self._transport().all_reduce_async(t, "sum").wait()
-
-    def suspend_split_step(self) -> None:
-        for opt, shard in self._opt_shards.values():
-            shard.suspend(opt)
-
-    def _zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        return any(s.zero_grad(params, set_to_none) for s in self._syncs)
-
-    def close(self) -> None:
-        for opt, shard in self._opt_shards.values():
-            shard.refresh(opt)  # every rank's state complete before the regions' group goes away
-            shard.remove()
-        self._opt_shards, self._param_shards = {}, []
-        super().close()
-        if isinstance(self.transport, CommTransport):
-            from ..comm import release_groups
-            release_groups()
-        self.transport = None

@@ -16,7 +16,7 @@ import torch
 from .. import _C
 from .checkpoint_api import CheckpointAPI
 from ..optimizer import AcceleratedOptimizer
-from ..precision.policy import make_precision
+from ..precision import make_precision
 from .probes import AcceleratorProbes
 from .run_properties import RunProperties
 from .process_api import ProcessAPI

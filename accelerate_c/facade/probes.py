@@ -6,10 +6,9 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
-from ..base.dataclasses import DistributedType, FP8BackendType
-from ..runtime.probes import NO_DEEPSPEED as _NO_DEEPSPEED
+from ..base.dataclasses import FP8BackendType
 
 
 class AcceleratorProbes:

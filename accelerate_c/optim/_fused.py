@@ -22,14 +22,14 @@ _LP_DTYPES = (torch.bfloat16, torch.float16)
 def optimizer_kind(optimizer: torch.optim.Optimizer) -> str | None:
     """'adam' or 'sgd' for torch's Adam/AdamW/SGD and our subclasses; None for anything else (a user subclass
     of torch's classes may override step(), so only the exact classes and ours are taken)."""
-    from .adamw import Adam, AdamW
-    from .sgd import SGD
-
     t = type(optimizer)
-    if t in (torch.optim.Adam, torch.optim.AdamW, Adam, AdamW):
+    if t in (torch.optim.Adam, torch.optim.AdamW):
         return "adam"
-    if t in (torch.optim.SGD, SGD):
+    if t is torch.optim.SGD:
         return "sgd"
+    kind = t.__dict__.get("fused_kind")  # set by accelerate_c's own classes only, not inherited by subclasses
+    if kind is not None:
+        return kind
     return None
 
 

@@ -10,42 +10,7 @@ from typing import Any, Callable
 import torch
 
 from . import lowbit
-from ._fused import group_supported, run_groups
-
-
-def torch_step(base: type, opt: torch.optim.Optimizer, groups: list[dict]) -> None:
-    """Runs torch's own `base.step` on `groups` only (without running step hooks a second time)."""
-    if not groups:
-        return
-    f = base.step
-    if getattr(f, "hooked", False):  # torch wraps step() with the hook runner once per class
-        f = f.__wrapped__
-    saved = opt.param_groups
-    opt.param_groups = groups
-    try:
-        f(opt)
-    finally:
-        opt.param_groups = saved
-
-
-def fused_or_torch_step(opt: torch.optim.Optimizer, kind: str, base: type, closure: Callable | None):
-    loss = None
-    if closure is not None:
-        with torch.enable_grad():
-            loss = closure()
-    fast = [g for g in opt.param_groups if group_supported(kind, g)]
-    slow = [g for g in opt.param_groups if not any(g is f for f in fast)]
-    for i, g in enumerate(opt.param_groups):
-        if g.get("state_dtype", "float32") != "float32" and any(g is s for s in slow):
-            raise ValueError(f"param group {i}: state_dtype={g['state_dtype']!r} needs contiguous float32 CPU params "
-                             "with dense float32/bfloat16/float16 gradients of the same shape and no "
-                             "differentiable/capturable option (the low-precision state has no torch fallback)")
-    if fast:
-        with torch.no_grad():
-            if run_groups(opt, kind, fast) is False:  # a state tensor we cannot use in place
-                slow = opt.param_groups
-    torch_step(base, opt, slow)
-    return loss
+from .step import fused_or_torch_step
 
 
 class _LowPrecisionState:
@@ -109,6 +74,8 @@ class Adam(_LowPrecisionState, torch.optim.Adam):
     stochastic rounding seeded by the step: 4 B/param) or "8bit" (block-wise dynamic 8-bit codes with one fp32
     scale per 256 elements: ~2.03 B/param; params under min_8bit_size elements keep fp32 state). Per group too."""
 
+    fused_kind = "adam"  # optim/_fused.py: optimizer_kind (this exact class, not a subclass)
+
     def __init__(self, params: Any, *args: Any, state_dtype: Any = torch.float32, min_8bit_size: int = 4096,
                  **kwargs: Any) -> None:
         super().__init__(params, *args, **kwargs)
@@ -120,6 +87,8 @@ class Adam(_LowPrecisionState, torch.optim.Adam):
 
 class AdamW(_LowPrecisionState, torch.optim.AdamW):
     """torch.optim.AdamW with a fused multi-threaded CPU step (decoupled weight decay); state_dtype as for Adam."""
+
+    fused_kind = "adam"  # optim/_fused.py: optimizer_kind (this exact class, not a subclass)
 
     def __init__(self, params: Any, *args: Any, state_dtype: Any = torch.float32, min_8bit_size: int = 4096,
                  **kwargs: Any) -> None:

@@ -7,11 +7,13 @@ from typing import Callable
 
 import torch
 
-from .adamw import fused_or_torch_step
+from .step import fused_or_torch_step
 
 
 class SGD(torch.optim.SGD):
     """torch.optim.SGD (momentum, dampening, nesterov, weight_decay, maximize) with a fused CPU step."""
+
+    fused_kind = "sgd"  # optim/_fused.py: optimizer_kind (this exact class, not a subclass)
 
     def step(self, closure: Callable | None = None):  # type: ignore[override]
         return fused_or_torch_step(self, "sgd", torch.optim.SGD, closure)

@@ -9,8 +9,7 @@
 # implementation directly, skipping the dispatcher (~10 us per call).
 from __future__ import annotations
 
-import math
-from typing import Optional, Sequence, Union
+from typing import Optional, Union
 
 import torch
 

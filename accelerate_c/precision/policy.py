@@ -200,17 +200,3 @@ class FP16Precision(Precision):
         found = sum(float(v) for v in self._state(optimizer).get("found_inf_per_device", {}).values()) > 0
         self.scaler.update()
         return found
-
-
-PRECISIONS: dict[str, type[Precision]] = {"no": Precision, "bf16": BF16Precision, "fp16": FP16Precision}
-
-
-def make_precision(mode: str, device: torch.device, handlers: dict[str, Any], fused_kernels: bool = True) -> Precision:
-    """fused_kernels: the strategy config's fused_optimizer (strategies/base.py: StrategyConfig)."""
-    if mode == "fp8":
-        from .fp8 import FP8Precision
-        return FP8Precision(device, handlers, fused_kernels)
-    try:
-        return PRECISIONS[mode](device, handlers, fused_kernels)
-    except KeyError:
-        raise ValueError(f"mixed_precision={mode!r} is not supported; choose one of no, fp16, bf16, fp8") from None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from types import MethodType
-from typing import Any, Optional
+from typing import Any
 
 import torch
 

@@ -187,8 +187,7 @@ class PartialState:
                 if apply_padding:
                     target = per + (1 if extras > 0 else 0)
                     if isinstance(part, torch.Tensor):
-                        from .operations import pad_across_processes
-                        part = pad_across_processes(part.to(self.device), pad_index=values[-1])
+                        part = _pad_rows(part.to(self.device), target, values[-1])
                     else:
                         part = part + type(part)([part[-1]]) * (target - len(part))
                 return part
@@ -235,6 +234,16 @@ class PartialState:
         if name in self._known_attrs:
             raise AttributeError(_RESET_TEXT.format(cls="PartialState", name=name))
         raise AttributeError(f"'PartialState' object has no attribute '{name}'")
+
+
+def _pad_rows(t: torch.Tensor, rows: int, fill: Any) -> torch.Tensor:
+    """`t` padded along dim 0 to `rows` with `fill` (what pad_across_processes gives here: every rank's part of
+    split_between_processes has at most `rows` rows and one has exactly that many, so no sizes are exchanged)."""
+    if t.ndim == 0 or t.shape[0] >= rows:
+        return t
+    out = t.new_zeros((rows, *t.shape[1:])) + fill
+    out[:t.shape[0]] = t
+    return out
 
 
 class AcceleratorState(StateProbes):

@@ -166,7 +166,7 @@ class _Placement:
 
     def _rest(self) -> None:
         """Buffers and the parameters outside every unit: rank 0's, whole, on every rank."""
-        from ..strategies.ddp import broadcast_coalesced
+        from ..comm.coalesced import broadcast_coalesced
         model, index = self.e.model, self.e.index
         if not self.src:
             allocate(model, self.device, skip=index)

@@ -320,7 +320,7 @@ class ShardedJoin:
 @contextlib.contextmanager
 def sharded_join(strategy: Any, joinables: list) -> Iterator[None]:
     """The strategy's join under stages 1-3: one prepared model among `joinables` (optimizers may be listed too)."""
-    from ..strategies.ddp import DataParallelModule
+    from ..ddp.module import DataParallelModule
     models = [j for j in joinables if isinstance(j, DataParallelModule)]
     if len(models) != 1 or len(strategy.engines) != 1:
         raise NotImplementedError("join_uneven_inputs under the sharded engine (stages 1-3) takes exactly one prepared "

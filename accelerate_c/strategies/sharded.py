@@ -19,11 +19,11 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
+from ..ddp.module import DataParallelModule, GradSync
+from ..sharding.config import ShardedConfig
 from . import register
 from .base import balanced_owners, compute_dtype
-from .ddp import DataParallelModule, GradSync
-from ..ddp.bucketed import BucketedDataParallel
-from ..sharding.config import ShardedConfig
+from .ddp_bucketed import BucketedDataParallel
 
 
 class _SyncSwitch:
@@ -92,11 +92,10 @@ class ShardedDataParallel(BucketedDataParallel):
 
     def _comm(self) -> Any:
         if self.comm is None:
-            from ..comm import TorchGroup, get_group
+            from ..comm.group import group_for_device
             from ..sharding.comm import ShardComm
             device = self.state.device
-            cpu_shm = device.type == "cpu" and self.config.transport != "torch"
-            group = get_group() if cpu_shm else TorchGroup()
+            group = group_for_device(device, self.config.transport)
             host = group.host_group()
             if self.config.hybrid and host is not None and host.size != group.size:
                 self.comm = self._hybrid_comm(group, host, device)

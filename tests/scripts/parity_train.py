@@ -76,12 +76,11 @@ def main() -> None:
             opt.zero_grad()
         losses.append(accelerator.gather(loss.detach().reshape(1)).mean().item())
     if args.report_group:
-        transport = getattr(accelerator.strategy, "transport", None)
-        grp = getattr(transport, "group", None)
+        grp = getattr(accelerator.strategy, "transport", None)  # the gradient buckets' CollectiveGroup
         inner = getattr(grp, "inner", grp)
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"group{accelerator.process_index}.txt"), "w") as f:
-            f.write(f"{accelerator.num_processes} {type(transport).__name__} {type(inner).__name__}")
+            f.write(f"{accelerator.num_processes} {type(inner).__name__}")
     state = accelerator.unwrap_model(model).state_dict()
     if accelerator.is_main_process:
         from safetensors.torch import save_file

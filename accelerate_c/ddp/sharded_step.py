@@ -1,4 +1,4 @@
-# accelerate_c/strategies/sharded_step.py: the optimizer step of data parallelism split between the ranks
+# accelerate_c/ddp/sharded_step.py: the optimizer step of data parallelism split between the ranks
 # of one host (ZeRO-1 inside DDP, invisible to the user). Every rank keeps its own full copy of the
 # parameters and of the optimizer state, as in torch DDP, but they live in shared-memory regions (each
 # rank its own part, at the same offset). Gradients are already averaged and identical on every rank, so
@@ -12,7 +12,7 @@
 # under no_sync (per-rank gradients, e.g. local SGD) turns the split off for good.
 # Part of the step of strategies/ddp_bucketed.py, which owns one OptimizerShard per prepared optimizer and
 # hands it to the kernels as their partition (optim._fused.run_groups calls begin / slice_lists / end).
-# Not for: gradient communication (ddp_bucketed.py) or the kernels (optim/).
+# Not for: gradient communication (ddp/bucketed.py) or the kernels (optim/).
 from __future__ import annotations
 
 from typing import Any, Optional
