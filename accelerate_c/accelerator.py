@@ -1,5 +1,6 @@
-# accelerate_c/accelerator.py: HF's import path `accelerate_c.accelerator`, a face: the name is the module
-# accelerate_c.facade.accelerator itself (the same object: private names and monkeypatching reach the real code).
+# accelerate_c/accelerator.py: HF's import path `accelerate_c.accelerator`, a face: the name is the
+# module accelerate_c.facade.accelerator itself (the same object: private names and
+# monkeypatching reach the real code).
 # Not for: imports from inside accelerate_c, which name accelerate_c.facade.accelerator.
 import importlib
 import sys

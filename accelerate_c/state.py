@@ -1,5 +1,6 @@
-# accelerate_c/state.py: HF's import path `accelerate_c.state`, a face: the name is the module
-# accelerate_c.runtime.state itself (the same object: private names and monkeypatching reach the real code).
+# accelerate_c/state.py: HF's import path `accelerate_c.state`, a face: the name is the
+# module accelerate_c.runtime.state itself (the same object: private names and
+# monkeypatching reach the real code).
 # Not for: imports from inside accelerate_c, which name accelerate_c.runtime.state.
 import importlib
 import sys

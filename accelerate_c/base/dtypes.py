@@ -21,6 +21,9 @@ NAMES: Mapping[str, torch.dtype] = {
 C_FLOAT_INPUTS: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 # 16-bit floating dtypes (mixed-precision compute, low-precision optimizer states)
 LOW_PRECISION: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
+# a run's mixed_precision mode -> the dtype it computes in (fp8 computes the rest of the model in bf16)
+COMPUTE_DTYPE_OF_MODE: Mapping[str, torch.dtype] = {"fp8": torch.bfloat16, "fp16": torch.float16,
+                                                    "bf16": torch.bfloat16, "fp32": torch.float32}
 # dtypes the collectives reduce
 REDUCIBLE: tuple[torch.dtype, ...] = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32,
                                       torch.int64)

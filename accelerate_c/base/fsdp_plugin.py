@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from .dtypes import COMPUTE_DTYPE_OF_MODE
 from .imports import str_to_bool
 
 logger = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
 # `accelerate to-fsdp2`: a v1 sharding strategy -> the v2 reshard_after_forward
 RESHARD_OF_STRATEGY = {"FULL_SHARD": True, "SHARD_GRAD_OP": False, "HYBRID_SHARD": True, "HYBRID_SHARD_ZERO2": False,
                        "NO_SHARD": False}
-MIXED_PRECISION_DTYPES = {"fp8": torch.bfloat16, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+MIXED_PRECISION_DTYPES = COMPUTE_DTYPE_OF_MODE  # the dtype table's (base/dtypes.py)
 _ENV = "FSDP_"
 
 

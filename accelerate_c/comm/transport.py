@@ -12,10 +12,11 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from accelerate_c.base.dtypes import REDUCIBLE
 from accelerate_c.comm import outbuf
 from accelerate_c.comm.group import TorchGroup, get_group
 
-_REDUCE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)
+_REDUCE_DTYPES = REDUCIBLE
 
 
 def group_for(tensor: torch.Tensor) -> Optional[Any]:

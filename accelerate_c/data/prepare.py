@@ -57,19 +57,7 @@ def prepare_data_loader(dataloader: DataLoader, device: Optional[torch.device] =
     process_index = state.process_index if process_index is None else process_index
 
     if split_batches:
-        if dataloader.batch_size is not None:
-            check = dataloader.batch_size
-        elif hasattr(dataloader.batch_sampler, "batch_size"):
-            check = dataloader.batch_sampler.batch_size
-        else:
-            raise ValueError(
-                "In order to use `split_batches==True` you must have a `batch_size` attribute either in the passed "
-                "`dataloader` or `dataloader.batch_sampler` objects, and it has to return a natural number. "
-                "Your `dataloader.batch_size` is None and `dataloader.batch_sampler` "
-                f"(`{type(dataloader.batch_sampler)}`) does not have the `batch_size` attribute set.")
-        if check > 1 and check % num_processes != 0:
-            raise ValueError(f"To use a `DataLoader` in `split_batches` mode, the batch size ({dataloader.batch_size}) "
-                             f"needs to be a round multiple of the number of processes ({num_processes}).")
+        _check_split_batches(dataloader, num_processes)
 
     new_dataset = dataloader.dataset
     new_batch_sampler = dataloader.batch_sampler if not isinstance(new_dataset, IterableDataset) else None
@@ -78,10 +66,7 @@ def prepare_data_loader(dataloader: DataLoader, device: Optional[torch.device] =
 
     sampler = get_sampler(dataloader)
     if isinstance(sampler, RandomSampler) and use_seedable_sampler:
-        sampler = SeedableRandomSampler(data_source=sampler.data_source, replacement=sampler.replacement,
-                                        num_samples=sampler._num_samples,
-                                        generator=getattr(sampler, "generator", _default_generator()),
-                                        data_seed=data_seed)
+        sampler = _seedable(sampler, data_seed)
 
     if (num_processes != 1 or state.distributed_type == DistributedType.MEGATRON_LM) and not dispatch_batches:
         if (_is_datasets_iterable(new_dataset) and not split_batches
@@ -114,29 +99,48 @@ def prepare_data_loader(dataloader: DataLoader, device: Optional[torch.device] =
         kwargs["batch_size"] = (dataloader.batch_size // num_processes if split_batches and not dispatch_batches
                                 else dataloader.batch_size)
     target = device if put_on_device and state.distributed_type != DistributedType.XLA else None
+    common = dict(_drop_last=dataloader.drop_last, _non_blocking=non_blocking,
+                  use_stateful_dataloader=use_stateful_dataloader, torch_device_mesh=torch_device_mesh)
     if dispatch_batches:
         kwargs.pop("generator")
         new_dl: Any = DataLoaderDispatcher(new_dataset, split_batches=split_batches, batch_sampler=new_batch_sampler,
-                                           _drop_last=dataloader.drop_last, _non_blocking=non_blocking,
-                                           slice_fn=slice_fn_for_dispatch,
-                                           use_stateful_dataloader=use_stateful_dataloader,
-                                           torch_device_mesh=torch_device_mesh, **kwargs)
+                                           slice_fn=slice_fn_for_dispatch, **common, **kwargs)
     elif sampler_is_batch_sampler:
         new_dl = DataLoaderShard(new_dataset, device=target, sampler=new_batch_sampler,
-                                 batch_size=dataloader.batch_size, rng_types=rng_types, _drop_last=dataloader.drop_last,
-                                 _non_blocking=non_blocking, synchronized_generator=synchronized_generator,
-                                 use_stateful_dataloader=use_stateful_dataloader, torch_device_mesh=torch_device_mesh,
-                                 **kwargs)
+                                 batch_size=dataloader.batch_size, rng_types=rng_types,
+                                 synchronized_generator=synchronized_generator, **common, **kwargs)
     else:
         new_dl = DataLoaderShard(new_dataset, device=target, batch_sampler=new_batch_sampler, rng_types=rng_types,
-                                 synchronized_generator=synchronized_generator, _drop_last=dataloader.drop_last,
-                                 _non_blocking=non_blocking, use_stateful_dataloader=use_stateful_dataloader,
-                                 torch_device_mesh=torch_device_mesh, **kwargs)
+                                 synchronized_generator=synchronized_generator, **common, **kwargs)
     if isinstance(sampler, SeedableRandomSampler) and use_seedable_sampler:
         new_dl.set_sampler(sampler)
     new_dl._num_processes_for_state = num_processes
     new_dl._process_index_for_state = process_index
     return new_dl
+
+
+def _seedable(sampler: RandomSampler, data_seed: Optional[int]) -> SeedableRandomSampler:
+    """The RandomSampler's SeedableRandomSampler twin (use_seedable_sampler)."""
+    return SeedableRandomSampler(data_source=sampler.data_source, replacement=sampler.replacement,
+                                 num_samples=sampler._num_samples,
+                                 generator=getattr(sampler, "generator", _default_generator()), data_seed=data_seed)
+
+
+def _check_split_batches(dataloader: DataLoader, num_processes: int) -> None:
+    """split_batches needs a batch size that the number of processes divides (HF's errors)."""
+    if dataloader.batch_size is not None:
+        check = dataloader.batch_size
+    elif hasattr(dataloader.batch_sampler, "batch_size"):
+        check = dataloader.batch_sampler.batch_size
+    else:
+        raise ValueError(
+            "In order to use `split_batches==True` you must have a `batch_size` attribute either in the passed "
+            "`dataloader` or `dataloader.batch_sampler` objects, and it has to return a natural number. "
+            "Your `dataloader.batch_size` is None and `dataloader.batch_sampler` "
+            f"(`{type(dataloader.batch_sampler)}`) does not have the `batch_size` attribute set.")
+    if check > 1 and check % num_processes != 0:
+        raise ValueError(f"To use a `DataLoader` in `split_batches` mode, the batch size ({dataloader.batch_size}) "
+                         f"needs to be a round multiple of the number of processes ({num_processes}).")
 
 
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:

@@ -19,6 +19,11 @@ from typing import Any, Optional
 
 import torch
 
+from ..base.dtypes import NAMES
+
+# an optimizer state layout (optim/lowbit.py) -> the dtype of its elements
+_LAYOUT_DTYPES = {k: NAMES[k] for k in ("8bit", "bfloat16")}
+
 ALIGN = 16  # elements: slice lengths are rounded to whole 64-byte lines of fp32
 
 
@@ -117,7 +122,7 @@ class OptimizerShard:
                         continue
                     dt, cnt = torch.float32, lowbit.nblocks(n)
                 else:
-                    dt, cnt = {"8bit": torch.uint8, "bfloat16": torch.bfloat16}.get(layout, torch.float32), n
+                    dt, cnt = _LAYOUT_DTYPES.get(layout, torch.float32), n
                 self.slots[(k, id(p))] = (dt, need.get(dt, 0), cnt)
                 need[dt] = need.get(dt, 0) + cnt
         if not need:

@@ -13,10 +13,11 @@ import torch
 from torch.optim.optimizer import _get_scalar_dtype
 
 from .. import _C
+from ..base.dtypes import C_FLOAT_INPUTS, LOW_PRECISION
 from . import lowbit
 
-_GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_LP_DTYPES = (torch.bfloat16, torch.float16)
+_GRAD_DTYPES = C_FLOAT_INPUTS
+_LP_DTYPES = LOW_PRECISION
 
 
 def optimizer_kind(optimizer: torch.optim.Optimizer) -> str | None:

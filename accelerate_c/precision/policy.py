@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch.amp.grad_scaler import OptState
 
+from ..base.dtypes import LOW_PRECISION
+
 
 @dataclass(frozen=True)
 class KernelScale:
@@ -32,7 +34,7 @@ NO_SCALING = KernelScale()
 
 def _to_fp32(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
-        return obj.float() if obj.dtype in (torch.float16, torch.bfloat16) else obj
+        return obj.float() if obj.dtype in LOW_PRECISION else obj
     if isinstance(obj, (list, tuple)):
         out = [_to_fp32(o) for o in obj]
         return type(obj)(*out) if hasattr(obj, "_fields") else type(obj)(out)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..base.dataclasses import DistributedType
+from ..base.dtypes import LOW_PRECISION
 
 
 @dataclass
@@ -224,7 +225,7 @@ def concatenate(data: list, dim: int = 0) -> Any:
 
 def convert_to_fp32(tensor: Any) -> Any:
     def _is_half(t: Any) -> bool:
-        return (is_torch_tensor(t) or hasattr(t, "dtype")) and t.dtype in (torch.float16, torch.bfloat16)
+        return (is_torch_tensor(t) or hasattr(t, "dtype")) and t.dtype in LOW_PRECISION
 
     return recursively_apply(lambda t: t.float(), tensor, test_type=_is_half)
 

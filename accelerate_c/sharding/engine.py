@@ -34,8 +34,11 @@ from typing import Any, Iterator, Optional
 import torch
 
 from .. import _C
+from ..base.dtypes import C_FLOAT_INPUTS
 from .comm import ShardComm
 from .flat import FlatEntry, FlatUnit
+from .placement import place_buffers
+from .recompute import checkpoint_units
 from .units import build_units
 from .views import attach, raw_grad, set_raw_grad
 
@@ -69,7 +72,7 @@ class ShardEngine:
         pdt = config.param_dtype or torch.float32
         self.pdt, self.low = pdt, pdt != torch.float32
         self.rdt = config.reduce_dtype or pdt
-        if self.rdt not in (torch.float32, torch.bfloat16, torch.float16):
+        if self.rdt not in C_FLOAT_INPUTS:
             raise TypeError(f"sharded engine: reduce_dtype={self.rdt}; allowed: float32, bfloat16, float16")
         self.split_reduce = self.rdt != pdt          # gradients change dtype on their way into the reduction
         from .buffers import cast_buffers
@@ -86,7 +89,7 @@ class ShardEngine:
         self.zero3: Optional[Any] = None
         self.replicated_sync: Optional[Any] = None  # the strategy's average of the replicated parameters (end of pass)
         with torch.no_grad():
-            self._place()
+            place_buffers(self)
         from .gradviews import GradViews
         self.views = GradViews(self)  # what user code reads of the unit parameters
         for i, e in enumerate(self.entries):
@@ -107,30 +110,10 @@ class ShardEngine:
         if self.views.inplace:  # stage 1: before gradients accumulate again after an in-place reduction
             self._handles.append(model.register_forward_pre_hook(lambda m, a: self.views.stash()))
         if config.activation_checkpointing:
-            self._checkpoint_units()
+            checkpoint_units(self.units, self._restore)
         if self.stage == 3:
             from .zero3 import Zero3Hooks
             self.zero3 = Zero3Hooks(self)
-
-    def _checkpoint_units(self) -> None:
-        """Activation checkpointing per unit (not the root), non-reentrant: each unit's forward keeps only its
-        inputs and is recomputed in backward. The recomputation calls the unit's own forward, not the module, so
-        no forward hook runs again: under stage 3 the unit is already gathered by its pre-backward hook."""
-        from torch.utils.checkpoint import checkpoint
-        from ..precision.fp8 import recompute_context_fn
-        for u in self.units:
-            if not u.name:
-                continue
-            inner = u.module.forward
-            fn = recompute_context_fn(u.module)  # fp8 layers: the recomputation replays the forward's scales
-            ctx = {"context_fn": fn} if fn is not None else {}
-
-            def forward(*args: Any, _inner: Any = inner, _ctx: dict = ctx, **kwargs: Any) -> Any:
-                if not torch.is_grad_enabled():
-                    return _inner(*args, **kwargs)
-                return checkpoint(_inner, *args, use_reentrant=False, **_ctx, **kwargs)
-            u.module.forward = forward
-            self._restore.append((u.module, inner))
 
     def _cast_inputs(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
         from ..runtime.operations import recursively_apply
@@ -140,57 +123,6 @@ class ShardEngine:
         return recursively_apply(cast, args), recursively_apply(cast, kwargs)
 
     # -- buffers -----------------------------------------------------------------------------------------
-    def _place(self) -> None:
-        comm, pdt = self.comm, self.pdt
-        if self.stage in (1, 2):
-            self.flat = comm.alloc(self.full_numel, pdt)
-            if self.low:
-                self.master = comm.alloc(self.shard_numel)  # fp32 master shards; flat holds the compute copy
-        else:
-            self.pshard = comm.alloc(self.shard_numel)
-            if self.low:
-                self.lshard = comm.alloc(self.shard_numel, pdt)  # the shards' compute copy, what is gathered
-        units = self.units
-        if self.construct:  # the same buffers, filled from rank 0 unit by unit
-            from .construct import place_units
-            self.placement = place_units(self)
-            units = []
-        for u in units:
-            f32 = torch.empty(u.padded, dtype=torch.float32, device=comm.device)
-            u.pack(f32, [e.param.data for e in u.entries])
-            if self.stage in (1, 2):
-                full = self.flat[u.fbase:u.fbase + u.padded]
-                full.copy_(f32)
-                if self.low:
-                    self.master[u.base:u.base + u.shard].copy_(f32[u.lo:u.hi])
-            else:
-                self.pshard[u.base:u.base + u.shard].copy_(f32[u.lo:u.hi])
-                if self.low:
-                    self.lshard[u.base:u.base + u.shard].copy_(f32[u.lo:u.hi])
-                full = f32 if not self.low else f32.to(pdt)
-                u.full, u.gathered = full, True
-            for e, v in zip(u.entries, u.views(full)):
-                e.param.data = v
-        if self.stage == 1:
-            self.gfull = comm.alloc(self.full_numel, pdt)
-            self.gviews = [None] * len(self.entries)
-            for u in self.units:
-                for e, v in zip(u.entries, u.views(self.gfull[u.fbase:u.fbase + u.padded])):
-                    if raw_grad(e.param) is not None:
-                        v.copy_(raw_grad(e.param))
-                    set_raw_grad(e.param, v)
-                    self.gviews[self.index[id(e.param)]] = v
-        if self.stage != 1 or self.split_reduce:
-            self.gshard = comm.alloc(self.shard_numel, self.rdt)
-            # two unit-sized staging buffers: one unit packs while the previous one's reduce-scatter runs
-            biggest = max((u.padded for u in self.units), default=0)
-            self.staging = [comm.alloc(biggest, self.rdt) for _ in range(2 if len(self.units) > 1 else 1)]
-            self._staging_work: list[Optional[Any]] = [None] * len(self.staging)
-            self._next_staging = 0
-        if self.stage != 1:
-            for e in self.entries:
-                set_raw_grad(e.param, None)
-
     def master_shard(self, u: FlatUnit) -> torch.Tensor:
         """This rank's fp32 master shard of unit u (what the optimizer steps)."""
         if self.stage == 3:

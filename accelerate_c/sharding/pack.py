@@ -12,8 +12,9 @@ from typing import Optional, Sequence
 import torch
 
 from .. import _C
+from ..base.dtypes import C_FLOAT_INPUTS
 
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_FLOATS = C_FLOAT_INPUTS
 
 
 def kernels_enabled() -> bool:

@@ -13,13 +13,14 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 import torch
 import torch.distributed as dist
 
+from ..base.dtypes import select
 from ..comm.coalesced import broadcast_coalesced
 from ..ddp.module import DataParallelModule, GradSync
 from . import register
 from .base import Strategy, StrategyConfig, env_choice, env_flag
 
 
-_COMPRESS = {"no": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+_COMPRESS = select(("fp16", "bf16"), {"no": None})  # comm_hook -> reduction dtype
 
 
 def _compress_dtype(kwargs: Any) -> Optional[torch.dtype]:

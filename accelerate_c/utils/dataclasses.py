@@ -1,6 +1,7 @@
-# accelerate_c/utils/dataclasses.py: HF's import path `accelerate_c.utils.dataclasses` kept as a face: this name is the module accelerate_c.base.dataclasses itself
-# (the same object, so its private names and monkeypatching reach the real code).
-# Not for: imports from inside accelerate_c (they name accelerate_c.base.dataclasses directly).
+# accelerate_c/utils/dataclasses.py: HF's import path `accelerate_c.utils.dataclasses`, a face: the name is the
+# module accelerate_c.base.dataclasses itself (the same object: private names and
+# monkeypatching reach the real code).
+# Not for: imports from inside accelerate_c, which name accelerate_c.base.dataclasses.
 import importlib
 import sys
 

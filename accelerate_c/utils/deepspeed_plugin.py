@@ -1,6 +1,7 @@
-# accelerate_c/utils/deepspeed_plugin.py: HF's import path `accelerate_c.utils.deepspeed_plugin` kept as a face: this name is the module accelerate_c.deepspeed.plugin itself
-# (the same object, so its private names and monkeypatching reach the real code).
-# Not for: imports from inside accelerate_c (they name accelerate_c.deepspeed.plugin directly).
+# accelerate_c/utils/deepspeed_plugin.py: HF's import path `accelerate_c.utils.deepspeed_plugin`, a face:
+# the name is the module accelerate_c.deepspeed.plugin itself (the same object: private names and
+# monkeypatching reach the real code).
+# Not for: imports from inside accelerate_c, which name accelerate_c.deepspeed.plugin.
 import importlib
 import sys
 

@@ -1,6 +1,7 @@
-# accelerate_c/utils/kwargs_handlers.py: HF's import path `accelerate_c.utils.kwargs_handlers` kept as a face: this name is the module accelerate_c.base.kwargs_handlers itself
-# (the same object, so its private names and monkeypatching reach the real code).
-# Not for: imports from inside accelerate_c (they name accelerate_c.base.kwargs_handlers directly).
+# accelerate_c/utils/kwargs_handlers.py: HF's import path `accelerate_c.utils.kwargs_handlers`, a face: the name is the
+# module accelerate_c.base.kwargs_handlers itself (the same object: private names and
+# monkeypatching reach the real code).
+# Not for: imports from inside accelerate_c, which name accelerate_c.base.kwargs_handlers.
 import importlib
 import sys
 

@@ -1,6 +1,7 @@
-# accelerate_c/utils/operations.py: HF's import path `accelerate_c.utils.operations` kept as a face: this name is the module accelerate_c.runtime.operations itself
-# (the same object, so its private names and monkeypatching reach the real code).
-# Not for: imports from inside accelerate_c (they name accelerate_c.runtime.operations directly).
+# accelerate_c/utils/operations.py: HF's import path `accelerate_c.utils.operations`, a face: the name is the
+# module accelerate_c.runtime.operations itself (the same object: private names and
+# monkeypatching reach the real code).
+# Not for: imports from inside accelerate_c, which name accelerate_c.runtime.operations.
 import importlib
 import sys
 

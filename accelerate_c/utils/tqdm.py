@@ -1,6 +1,7 @@
-# accelerate_c/utils/tqdm.py: HF's import path `accelerate_c.utils.tqdm` kept as a face: this name is the module accelerate_c.runtime.progress itself
-# (the same object, so its private names and monkeypatching reach the real code).
-# Not for: imports from inside accelerate_c (they name accelerate_c.runtime.progress directly).
+# accelerate_c/utils/tqdm.py: HF's import path `accelerate_c.utils.tqdm`, a face: the name is the
+# module accelerate_c.runtime.progress itself (the same object: private names and
+# monkeypatching reach the real code).
+# Not for: imports from inside accelerate_c, which name accelerate_c.runtime.progress.
 import importlib
 import sys
 
