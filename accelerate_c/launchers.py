@@ -136,7 +136,8 @@ def notebook_launcher(function: Callable, args: tuple = (), num_processes: Optio
     torch's ChildFailedError here (its message holds the rank's traceback)."""
     in_colab, in_kaggle = _in_notebook_host()
     mixed_precision = _check_precision(mixed_precision)
-    if (in_colab or in_kaggle) and (os.environ.get("TPU_NAME") is not None or os.environ.get("PJRT_DEVICE", "") == "TPU"):
+    on_tpu = os.environ.get("TPU_NAME") is not None or os.environ.get("PJRT_DEVICE", "") == "TPU"
+    if (in_colab or in_kaggle) and on_tpu:
         raise NotImplementedError("accelerate_c does not support TPU (XLA) training; use a CPU or GPU runtime")
     if in_colab and (not torch.cuda.is_available() or torch.cuda.device_count() < 2):
         _launch_in_process(function, args, mixed_precision)

@@ -71,7 +71,8 @@ _PACKAGES: dict[str, tuple[str, Optional[str]]] = {
     "safetensors": ("safetensors", None), "sagemaker": ("sagemaker", None), "schedulefree": ("schedulefree", None),
     "swanlab": ("swanlab", None), "tensorboard": ("tensorboard", None), "timm": ("timm", None),
     "torchao": ("torchao", None), "torchdata": ("torchdata", None), "torchvision": ("torchvision", None),
-    "tqdm": ("tqdm", None), "trackio": ("trackio", None), "transformer_engine": ("transformer_engine", "transformer-engine"),
+    "tqdm": ("tqdm", None), "trackio": ("trackio", None),
+    "transformer_engine": ("transformer_engine", "transformer-engine"),
     "transformers": ("transformers", None), "triton": ("triton", None), "wandb": ("wandb", None),
 }
 

@@ -180,8 +180,9 @@ def _allowed(f: dataclasses.Field) -> str:
     meta = f.metadata
     if meta["choices"]:
         return "one of " + ", ".join(repr(c) for c in meta["choices"])
-    return {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
-            "dict": "a mapping", "list": "a list", "scalar": "a string, number or boolean"}[meta["kind"]] + (" or null" if _default(f) is None else "")
+    kind = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
+            "dict": "a mapping", "list": "a list", "scalar": "a string, number or boolean"}[meta["kind"]]
+    return kind + (" or null" if _default(f) is None else "")
 
 
 def _check(f: dataclasses.Field, value: Any, prefix: str = "") -> Any:

@@ -100,7 +100,8 @@ class BucketedGradSync:
             # A small last bucket too: the last one can only start once backward has ended, so what it holds
             # is never overlapped; its leading params (ready a little earlier) go into a bucket of their own.
             tail = len(plist) - 1
-            while (off - start) * esize > FIRST_BUCKET_BYTES and tail > 0 and offsets[tail - 1] > start and (off - offsets[tail - 1]) * esize <= FIRST_BUCKET_BYTES:
+            while ((off - start) * esize > FIRST_BUCKET_BYTES and tail > 0 and offsets[tail - 1] > start
+                   and (off - offsets[tail - 1]) * esize <= FIRST_BUCKET_BYTES):
                 tail -= 1
             if (off - start) * esize > FIRST_BUCKET_BYTES and offsets[tail] > start:
                 self.buckets.append(_Bucket(buf, start, offsets[tail] - start))

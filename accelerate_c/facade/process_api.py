@@ -63,7 +63,8 @@ class ProcessAPI:
     def on_process(self, function: Optional[Callable] = None, process_index: Optional[int] = None) -> Callable:
         return PartialState().on_process(function, process_index=process_index)
 
-    def on_local_process(self, function: Optional[Callable] = None, local_process_index: Optional[int] = None) -> Callable:
+    def on_local_process(self, function: Optional[Callable] = None,
+                         local_process_index: Optional[int] = None) -> Callable:
         return PartialState().on_local_process(function, local_process_index=local_process_index)
 
     # -- collectives -----------------------------------------------------------------------------------

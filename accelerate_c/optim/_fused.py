@@ -208,7 +208,8 @@ def run_groups(opt: torch.optim.Optimizer, kind: str, groups: list[dict], *, gra
                             opt.state[p]["momentum_buffer"] = bufs[i]
             mir = None
             if partition is not None:
-                c, mir, _ = partition.slice_lists(opt, params, grads, {"momentum_buffer": bufs if use_mom else None}, lps)
+                state = {"momentum_buffer": bufs if use_mom else None}
+                c, mir, _ = partition.slice_lists(opt, params, grads, state, lps)
                 cut += c
             _C.sgd_step(params, grads, bufs if use_mom else None, inits, lps, _num(g["lr"]), float(g["momentum"]),
                         float(g["dampening"]), _num(g["weight_decay"]), bool(g["nesterov"]), bool(g["maximize"]),

@@ -81,7 +81,8 @@ def _(x, dtype, scale):
 
 
 @torch.library.custom_op("accelerate_c::cast_amax", mutates_args=())
-def _cast_amax_op(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def _cast_amax_op(x: torch.Tensor, dtype: torch.dtype,
+                  scale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return _cast_impl(x, dtype, scale, True)
 
 

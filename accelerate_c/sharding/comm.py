@@ -32,7 +32,8 @@ class ShardComm:
         self.world = world if world is not None else group
         host = group.host_group() if device.type == "cpu" else None
         # the shared-memory group of all our ranks (None across hosts or with the torch transport)
-        self.shm: Optional[Any] = host if host is not None and host.size == group.size and hasattr(host, "parts") else None
+        whole_host = host is not None and host.size == group.size and hasattr(host, "parts")
+        self.shm: Optional[Any] = host if whole_host else None
         self.bytes = {k: 0 for k in KINDS}
         self.calls = {k: 0 for k in KINDS}
 

@@ -11,8 +11,9 @@
 #   V[i]:     a materialized average: the unit's shards all-gathered (collective) the first time user code reads a
 #             PendingGrad of it. Stages 2/3 move the shard into V (S zeroed, so a later backward's reduction adds to
 #             a fresh shard); stage 1 with a reduce dtype of its own copies it (its S is overwritten from the full
-#             buffer at each synced backward, which then drops V). Writes into V (torch.nn.utils.clip_grad_norm_, `p.grad.mul_`) are folded back into
-#             this rank's shard before the shard is used (settle: the step, clipping, unscaling).
+#             buffer at each synced backward, which then drops V). Writes into V (torch.nn.utils.clip_grad_norm_,
+#             `p.grad.mul_`) are folded back into this rank's shard before the shard is used (settle: the step,
+#             clipping, unscaling).
 # Stage 1 reducing in place (no reduce dtype of its own: its shard is its own slice of the full buffer) has no S
 # apart: after a synced backward the unit is `mixed` (its own slice averaged, the rest local gradients already
 # counted); a PendingGrad there all-gathers the averaged slices into the full buffer in place (then it holds the

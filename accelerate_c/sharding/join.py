@@ -18,8 +18,8 @@
 # stage 3 replays this rank's last forward and a backward of zeros (leaf gradients forced to zero), so the hooks issue
 # the unit all-gathers, prefetches, frees and reduce-scatters exactly as the training ranks do; STEP / CLIP / ZERO
 # call the strategy's own step / clip_grad_norm_ / zero_grad, UNSC its unscale_. Inside an announced step nothing
-# more is announced (the mirrored step issues the same unscale and DeepSpeed clipping itself). When no rank is training, every rank leaves together
-# and takes the buffers (and replicated parameters) of the highest rank among the last to finish; the sharded
+# more is announced (the mirrored step issues the same unscale and DeepSpeed clipping itself). When no rank is
+# training, every rank leaves together and takes the buffers (and replicated parameters) of the highest rank among the last to finish; the sharded
 # parameters are the same on every rank already. Averages divide by the initial world size (torch DDP's
 # divide_by_initial_world_size default, what our DDP join does).
 # Whether a forward syncs is agreed as at stage 0 (strategies/ddp_join.py SyncAgreement, the one owner of the rule:

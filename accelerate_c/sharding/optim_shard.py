@@ -71,7 +71,8 @@ class ShardedParams:
         self._ready = True
         engine = self.engine
         used, pending = engine.global_used()
-        engine.views.settle(agreed_pending=pending)  # (user code's writes to .grad and stage-3 values; a step after no_sync)
+        # user code's writes to .grad and stage-3 values; a step after no_sync
+        engine.views.settle(agreed_pending=pending)
         grads = self.grads
         if engine.low_grad:  # the optimizer's gradients are fp32 like its parameters: cast the shard for the step
             grads = self._fp32_copy()

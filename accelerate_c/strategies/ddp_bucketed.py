@@ -42,7 +42,8 @@ class BucketedDataParallel(DataParallel):
         host = self.transport.host_group()
         return host if host is not None and host.size > 1 else None
 
-    def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool,
+                      evaluation_mode: bool = False) -> torch.nn.Module:
         wrapped = super().prepare_model(model, device_placement, evaluation_mode)
         host = None if evaluation_mode else self._host_group()
         if host is not None:
