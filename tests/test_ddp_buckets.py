@@ -1,5 +1,5 @@
 # tests/test_ddp_buckets.py: the bucketed DDP path's layout of gradient buckets over the flat buffer.
-# Not for: numerics (test_parity.py compares N processes with one, test_sharded_step.py the split step).
+# Not for: numerics (test_parity.py compares N processes with one, test_split_step.py the split step).
 import torch
 
 

@@ -587,7 +587,7 @@ def test_prepare_mixed_precision_and_clipping(precision):
 
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_ddp_split_step_equals_unsplit(tmp_path, run, nproc):
-    """DDP over shared memory splits the optimizer step between the ranks (strategies/sharded_step.py): with 8-bit
+    """DDP over shared memory splits the optimizer step between the ranks (ddp/split_step.py): with 8-bit
     state each rank requantises whole blocks of its slice, with bf16 state rounds with the slice's logical
     indices; every param, the state_dict (codes, scales) and every rank equal the unsplit step's bits."""
     args = ["--out"]

@@ -3,7 +3,7 @@
 # step is what optimizer.step() runs, the kernels-or-torch choice follows the config (results against a plain
 # torch loop), the precision hooks, the kernels' partition protocol, config from a kwargs handler and from the
 # environment, and the errors for bad values.
-# Not for: the split step's numerics over shared memory (test_sharded_step.py) or fp16 end to end (test_precision.py).
+# Not for: the split step's numerics over shared memory (test_split_step.py) or fp16 end to end (test_precision.py).
 import pytest
 import torch
 

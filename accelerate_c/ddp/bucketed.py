@@ -55,11 +55,11 @@ class _Decompress:
 class BucketedGradSync:
     """Flat gradient buffers, buckets and the asynchronous all-reduce of each bucket."""
 
-    def __init__(self, params: list[torch.nn.Parameter], transport: Any, bucket_cap_mb: float,
+    def __init__(self, params: list[torch.nn.Parameter], group: Any, bucket_cap_mb: float,
                  compress: Optional[torch.dtype] = None) -> None:
         """compress: reduce in this dtype (torch's fp16/bf16 compress hooks: cast, divide by the world size,
-        sum-all-reduce, cast back), from a twin buffer in the transport's memory."""
-        self.transport = transport
+        sum-all-reduce, cast back), from a twin buffer in the group's memory."""
+        self.group = group
         self.compress = compress
         self.enabled = True
         self.in_sync = True  # False once a backward ran under no_sync: gradients are then per-rank
@@ -79,7 +79,7 @@ class BucketedGradSync:
         param_bucket = [0] * len(order)
         for dtype, plist in by_dtype.items():
             total = sum(p.numel() for p in plist)
-            buf = transport.alloc(total, dtype, plist[0].device)
+            buf = group.alloc(total, dtype, plist[0].device)
             self.buffers[dtype] = buf
             off, start, limit = 0, 0, FIRST_BUCKET_BYTES if not self.buckets else cap
             esize = buf.element_size()
@@ -110,7 +110,7 @@ class BucketedGradSync:
                     param_bucket[self.index[id(p)]] = len(self.buckets)
             self.buckets.append(_Bucket(buf, start, off - start))
         if compress is not None:
-            twins = {dtype: transport.alloc(buf.numel(), compress, buf.device) for dtype, buf in self.buffers.items()}
+            twins = {dtype: group.alloc(buf.numel(), compress, buf.device) for dtype, buf in self.buffers.items()}
             for b in self.buckets:
                 b.compressed = twins[b.buffer.dtype]
         self.counter = _C.BucketCounter(param_bucket, len(self.buckets))
@@ -138,12 +138,12 @@ class BucketedGradSync:
         for b in range(first, end):
             bucket = self.buckets[b]
             if bucket.compressed is None:
-                self._works.append(self.transport.all_reduce_async(bucket.view(), "avg"))
+                self._works.append(self.group.all_reduce_async(bucket.view(), "avg"))
             else:
                 low = bucket.compressed_view()
                 low.copy_(bucket.view())
-                low.div_(self.transport.size)
-                self._works.append(_Decompress(self.transport.all_reduce_async(low, "sum"), low, bucket.view()))
+                low.div_(self.group.size)
+                self._works.append(_Decompress(self.group.all_reduce_async(low, "sum"), low, bucket.view()))
 
     def _end_of_backward(self) -> None:
         """Autograd's final callback of a synced pass: the parameters no hook marked get their gradient into the
@@ -163,7 +163,7 @@ class BucketedGradSync:
                 p.grad = view
         first, end = self.counter.mark_all_remaining()
         self._launch(first, end)
-        self._works.append(self.transport.all_reduce_async(self._used, "sum"))
+        self._works.append(self.group.all_reduce_async(self._used, "sum"))
         self._in_pass = False
         self.in_sync = True
         self.counter.reset()

@@ -1,7 +1,7 @@
 # accelerate_c/runtime/operations.py: HF Accelerate's tensor/collective helpers under its names and semantics
 # (gather, gather_object, broadcast, broadcast_object_list, reduce, pad_across_processes, send_to_device, ...).
 # Every collective goes through ONE private function per op (_all_gather_into, _all_reduce_into, _broadcast_,
-# _all_gather_objects, _broadcast_objects_), implemented in accelerate_c.comm.transport, which picks C shared
+# _all_gather_objects, _broadcast_objects_), implemented in accelerate_c.comm.collectives, which picks C shared
 # memory for CPU tensors and torch.distributed otherwise. gather/reduce of a bare tensor skip the structure
 # walk: they are everyday calls (a metric per step) whose Python overhead is the cost.
 # Not for: process-group setup (state.py) or RNG helpers (utils/random.py).
@@ -60,7 +60,7 @@ def _distributed() -> bool:
     return _shared()["distributed_type"] not in (DistributedType.NO, DistributedType.XLA) and dist.is_initialized()
 
 
-# ---- the transport: one function per collective (accelerate_c.comm.transport; loaded on first use, so that
+# ---- the transport: one function per collective (accelerate_c.comm.collectives; loaded on first use, so that
 # `import accelerate_c.runtime.operations` does not load the comm package)
 _transport: Any = None
 
@@ -68,7 +68,7 @@ _transport: Any = None
 def _t() -> Any:
     global _transport
     if _transport is None:
-        from ..comm import transport
+        from ..comm import collectives as transport
         _transport = transport
     return _transport
 

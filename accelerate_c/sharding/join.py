@@ -22,9 +22,9 @@
 # training, every rank leaves together and takes the buffers (and replicated parameters) of the highest rank among the last to finish; the sharded
 # parameters are the same on every rank already. Averages divide by the initial world size (torch DDP's
 # divide_by_initial_world_size default, what our DDP join does).
-# Whether a forward syncs is agreed as at stage 0 (strategies/ddp_join.py SyncAgreement, the one owner of the rule:
+# Whether a forward syncs is agreed as at stage 0 (ddp/join.py SyncAgreement, the one owner of the rule:
 # a rank that alone wants to sync, as HF's accumulate at its own last batch, runs the iteration as accumulation).
-# Not for: the engine's buffers and hooks (engine.py, zero3.py) or stage 0 (strategies/ddp_join.py).
+# Not for: the engine's buffers and hooks (engine.py, zero3.py) or stage 0 (ddp/join.py).
 from __future__ import annotations
 
 import contextlib

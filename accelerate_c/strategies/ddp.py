@@ -66,7 +66,7 @@ class DDPConfig(StrategyConfig):
         return fields
 
 
-@register("ddp")
+@register("ddp_reference")
 class DataParallel(Strategy):
     priority = 10
     config_class = DDPConfig

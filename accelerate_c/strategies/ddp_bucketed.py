@@ -1,7 +1,7 @@
 # accelerate_c/strategies/ddp_bucketed.py: the default data-parallel strategy: DataParallel with the bucketed
 # gradient engine (ddp/bucketed.py) over the group comm.group_for_device picks (shared memory for CPU tensors).
-# Over shared memory the optimizer step itself is split between the host's ranks (ddp/sharded_step.py): the
-# step passes the prepared optimizer's OptimizerShard to the kernels as their partition; parameters and
+# Over shared memory the optimizer step itself is split between the host's ranks (ddp/split_step.py): the
+# step passes the prepared optimizer's SplitStep to the kernels as their partition; parameters and
 # optimizer state move into shared regions at prepare, each rank updates its slice and writes it into its peers'
 # copies (DDPConfig.sharded_step, ACCELERATE_C_SHARDED_STEP=0, turns this off).
 # Not for: the reference path (ddp.py) or the engine's internals.
@@ -15,7 +15,7 @@ import torch
 from ..comm.coalesced import broadcast_coalesced
 from ..comm.group import group_for_device, release_groups
 from ..ddp.bucketed import BucketedGradSync
-from ..ddp.sharded_step import OptimizerShard, ParamShards, state_keys
+from ..ddp.split_step import SplitStep, SharedParams, state_keys
 from . import register
 from .ddp import DataParallel, DDPConfig
 
@@ -30,16 +30,16 @@ class BucketedDataParallel(DataParallel):
 
     def __init__(self, ctx: Any, config: Optional[DDPConfig] = None) -> None:
         super().__init__(ctx, config)
-        self.transport: Optional[Any] = None  # the CollectiveGroup of the gradient buckets
-        self._param_shards: list[ParamShards] = []
+        self.bucket_group: Optional[Any] = None  # the CollectiveGroup of the gradient buckets
+        self._shared_params: list[SharedParams] = []
         # id(optimizer) -> (optimizer, its shard): the split step of each prepared optimizer
-        self._opt_shards: dict[int, tuple[torch.optim.Optimizer, OptimizerShard]] = {}
+        self._split_steps: dict[int, tuple[torch.optim.Optimizer, SplitStep]] = {}
 
     def _host_group(self) -> Optional[Any]:
         """The host's shm group when the optimizer step can be split over it, else None."""
-        if self.transport is None or not self.config.fused_optimizer or not self.config.sharded_step:
+        if self.bucket_group is None or not self.config.fused_optimizer or not self.config.sharded_step:
             return None
-        host = self.transport.host_group()
+        host = self.bucket_group.host_group()
         return host if host is not None and host.size > 1 else None
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool,
@@ -51,7 +51,7 @@ class BucketedDataParallel(DataParallel):
             # later is stepped whole on every rank)
             try:
                 params = [p for p in wrapped.module.parameters() if p.requires_grad]
-                self._param_shards.append(ParamShards(params, host, wrapped._grad_sync))
+                self._shared_params.append(SharedParams(params, host, wrapped._grad_sync))
             except RuntimeError as e:  # e.g. /dev/shm too small: the same on every rank (the error is shared)
                 warnings.warn(f"accelerate_c: every rank steps every parameter (no split optimizer step): {e}")
         return wrapped
@@ -62,27 +62,27 @@ class BucketedDataParallel(DataParallel):
         # rank: the region allocation below is collective.
         keys = state_keys(optimizer)
         params = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        for shards in self._param_shards:
+        for shards in self._shared_params:
             if keys is not None and not params.isdisjoint(shards.offset.keys()):
                 try:
-                    shard = OptimizerShard(optimizer, shards, keys)
+                    shard = SplitStep(optimizer, shards, keys)
                 except RuntimeError as e:
                     warnings.warn(f"accelerate_c: every rank steps every parameter of this optimizer: {e}")
                     break
-                self._opt_shards[id(optimizer)] = (optimizer, shard)
+                self._split_steps[id(optimizer)] = (optimizer, shard)
                 break
         return optimizer
 
-    def optimizer_shard(self, optimizer: torch.optim.Optimizer) -> Optional[OptimizerShard]:
+    def split_step(self, optimizer: torch.optim.Optimizer) -> Optional[SplitStep]:
         """The split step of a prepared optimizer (the user's torch optimizer), or None when it steps whole."""
-        entry = self._opt_shards.get(id(optimizer))
+        entry = self._split_steps.get(id(optimizer))
         return entry[1] if entry is not None and entry[0] is optimizer else None
 
     # -- the step ----------------------------------------------------------------------------------------
-    def step_partition(self, optimizer: torch.optim.Optimizer) -> Optional[OptimizerShard]:
+    def step_partition(self, optimizer: torch.optim.Optimizer) -> Optional[SplitStep]:
         """The kernels step this rank's slice (the shard is their partition) while the split applies; the whole
         optimizer on every rank otherwise (per-rank gradients after no_sync turn it off for good)."""
-        shard = self.optimizer_shard(optimizer)
+        shard = self.split_step(optimizer)
         if shard is not None and not shard.usable():
             shard.before_unsharded_step(optimizer)
             return None
@@ -90,32 +90,32 @@ class BucketedDataParallel(DataParallel):
 
     def before_torch_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Every rank steps the whole optimizer itself: its state is completed from the peers' slices first."""
-        shard = self.optimizer_shard(optimizer)
+        shard = self.split_step(optimizer)
         if shard is not None:
             shard.before_unsharded_step(optimizer)
 
     def make_sync(self, params: list[torch.nn.Parameter]) -> BucketedGradSync:
-        self._transport()
-        return BucketedGradSync(params, self.transport, self.config.bucket_cap_mb, compress=self.config.compress_dtype)
+        self._bucket_group()
+        return BucketedGradSync(params, self.bucket_group, self.config.bucket_cap_mb, compress=self.config.compress_dtype)
 
     def _cached_group(self) -> bool:
         """Whether the buckets' group is get_group()'s (cached, released at close)."""
         return self.state.device.type == "cpu" and self.config.transport != "torch"
 
-    def _transport(self) -> Any:
-        if self.transport is None:
-            self.transport = group_for_device(self.state.device, self.config.transport)
-        return self.transport
+    def _bucket_group(self) -> Any:
+        if self.bucket_group is None:
+            self.bucket_group = group_for_device(self.state.device, self.config.transport)
+        return self.bucket_group
 
     def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:
-        transport = self._transport()
-        broadcast_coalesced(tensors, lambda flat: transport.broadcast(flat, src))
+        group = self._bucket_group()
+        broadcast_coalesced(tensors, lambda flat: group.broadcast(flat, src))
 
     def all_reduce_sum(self, t: torch.Tensor) -> None:
-        self._transport().all_reduce_async(t, "sum").wait()
+        self._bucket_group().all_reduce_async(t, "sum").wait()
 
     def suspend_split_step(self) -> None:
-        for opt, shard in self._opt_shards.values():
+        for opt, shard in self._split_steps.values():
             shard.suspend(opt)
 
     def _zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
@@ -123,11 +123,11 @@ class BucketedDataParallel(DataParallel):
         return any(s.zero_grad(params, set_to_none) for s in self._syncs)
 
     def close(self) -> None:
-        for opt, shard in self._opt_shards.values():
+        for opt, shard in self._split_steps.values():
             shard.refresh(opt)  # every rank's state complete before the regions' group goes away
             shard.remove()
-        self._opt_shards, self._param_shards = {}, []
+        self._split_steps, self._shared_params = {}, []
         super().close()
-        if self.transport is not None and self._cached_group():
+        if self.bucket_group is not None and self._cached_group():
             release_groups()
-        self.transport = None
+        self.bucket_group = None

@@ -1,8 +1,8 @@
 # tests/scripts/optim_lowbit_ddp.py: trains a small model under accelerate_c DDP with accelerate_c.optim.AdamW
 # holding 8-bit and bf16 state, with gradient clipping and a mid-run state reload; records per
 # rank the final parameters, the optimizer state_dict, each param's state layout, whether the split optimizer
-# step (strategies/sharded_step.py) took the optimizer and its cuts in the 8-bit params, for tests/test_optim_lowbit.py.
-# Not for: the fp32 split step (tests/scripts/sharded_step.py).
+# step (ddp/split_step.py) took the optimizer and its cuts in the 8-bit params, for tests/test_optim_lowbit.py.
+# Not for: the fp32 split step (tests/scripts/split_step.py).
 import argparse
 import os
 
@@ -45,7 +45,7 @@ def main() -> None:
             if step == 2:
                 opt.load_state_dict(opt.state_dict())
         inner = opt.optimizer
-        shard = acc.strategy.optimizer_shard(inner)  # the bucketed strategy owns the split step
+        shard = acc.strategy.split_step(inner)  # the bucketed strategy owns the split step
         rec = {"cuts": [shard.cuts[id(p)] for p in (net.a.weight, net.b.weight)] if shard is not None else None,
                "params": {k: v.clone() for k, v in acc.unwrap_model(model).state_dict().items()},
                "optimizer": opt.state_dict(), "sharded": shard is not None,

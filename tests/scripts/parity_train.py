@@ -76,7 +76,7 @@ def main() -> None:
             opt.zero_grad()
         losses.append(accelerator.gather(loss.detach().reshape(1)).mean().item())
     if args.report_group:
-        grp = getattr(accelerator.strategy, "transport", None)  # the gradient buckets' CollectiveGroup
+        grp = getattr(accelerator.strategy, "bucket_group", None)  # the gradient buckets' CollectiveGroup
         inner = getattr(grp, "inner", grp)
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"group{accelerator.process_index}.txt"), "w") as f:

@@ -1,4 +1,4 @@
-# accelerate_c/ddp/sharded_step.py: the optimizer step of data parallelism split between the ranks
+# accelerate_c/ddp/split_step.py: the optimizer step of data parallelism split between the ranks
 # of one host (ZeRO-1 inside DDP, invisible to the user). Every rank keeps its own full copy of the
 # parameters and of the optimizer state, as in torch DDP, but they live in shared-memory regions (each
 # rank its own part, at the same offset). Gradients are already averaged and identical on every rank, so
@@ -10,7 +10,7 @@
 # The update is elementwise, so results are bitwise those of the unsplit step.
 # Only while gradients, params and state are identical on every rank: the first step after a backward
 # under no_sync (per-rank gradients, e.g. local SGD) turns the split off for good.
-# Part of the step of strategies/ddp_bucketed.py, which owns one OptimizerShard per prepared optimizer and
+# Part of the step of strategies/ddp_bucketed.py, which owns one SplitStep per prepared optimizer and
 # hands it to the kernels as their partition (optim._fused.run_groups calls begin / slice_lists / end).
 # Not for: gradient communication (ddp/bucketed.py) or the kernels (optim/).
 from __future__ import annotations
@@ -27,7 +27,7 @@ _LAYOUT_DTYPES = {k: NAMES[k] for k in ("8bit", "bfloat16")}
 ALIGN = 16  # elements: slice lengths are rounded to whole 64-byte lines of fp32
 
 
-class ParamShards:
+class SharedParams:
     """The model's fp32 CPU parameters moved into one shared region (per-rank parts, same offsets).
     `shm` is the host-local ShmGroup, of 2 or more ranks."""
 
@@ -74,7 +74,7 @@ class ParamShards:
                     part[off + a:off + b].copy_(mine[off + a:off + b])
 
 
-class OptimizerShard:
+class SplitStep:
     """One optimizer's state in shared regions (per-rank parts, one slot per state key and param), and the
     step protocol. Owned by the bucketed strategy (one per prepared optimizer); the fused kernels use it as
     their partition.
@@ -82,7 +82,7 @@ class OptimizerShard:
     scales: one region per dtype); an 8-bit param's cuts between ranks fall on its 256-element blocks, so each
     rank requantises whole blocks of its own slice and its scales are its own."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, shards: ParamShards, keys: tuple[str, ...]) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, shards: SharedParams, keys: tuple[str, ...]) -> None:
         from ..optim import lowbit
 
         self.shards = shards

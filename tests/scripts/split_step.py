@@ -1,6 +1,6 @@
-# tests/scripts/sharded_step.py: trains small models under accelerate_c with several optimizer set-ups and
+# tests/scripts/split_step.py: trains small models under accelerate_c with several optimizer set-ups and
 # records, per rank, each step's parameters checksum, the final parameters and (rank 0) the optimizer's
-# state_dict, so tests/test_sharded_step.py can compare the split optimizer step with the unsplit one
+# state_dict, so tests/test_split_step.py can compare the split optimizer step with the unsplit one
 # (ACCELERATE_C_SHARDED_STEP=0) bit for bit. Along the way it reloads the optimizer state mid-run and
 # forces one step through torch's own optimizer (a step pre-hook), the two paths that move state around;
 # adamw_local_sgd steps after every other backward under no_sync (per-rank gradients: no split).
@@ -85,7 +85,7 @@ def main() -> None:
                 opt.load_state_dict(opt.state_dict())
             sums.append(float(sum(p.detach().double().sum() for p in model.parameters())))
         inner = acc.unwrap_model(model)
-        shard = acc.strategy.optimizer_shard(opt.optimizer)  # the bucketed strategy owns the split step
+        shard = acc.strategy.split_step(opt.optimizer)  # the bucketed strategy owns the split step
         rec = {"params": {k: v.clone() for k, v in inner.state_dict().items()}, "sums": sums, "skipped": skipped,
                "sharded": shard is not None, "split_numel": shard.total if shard is not None else 0}
         if acc.is_main_process:

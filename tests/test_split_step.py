@@ -1,4 +1,4 @@
-# tests/test_sharded_step.py: the optimizer step split between the ranks of a host (sharded_step.py) gives
+# tests/test_split_step.py: the optimizer step split between the ranks of a host (ddp/split_step.py) gives
 # bit for bit what every rank stepping everything gives (ACCELERATE_C_SHARDED_STEP=0): every step's
 # parameters, the final parameters on every rank, the optimizer state_dict, skipped fp16 steps; over
 # AdamW, Adam+amsgrad with param groups, SGD (nesterov momentum, plain), an optimizer holding a parameter
@@ -25,8 +25,8 @@ def _load(out, name, rank):
 ])
 def test_split_step_equals_unsplit(tmp_path, run, nproc, precision, configs):
     args = ["--precision", precision, "--configs", ",".join(configs)]
-    run("sharded_step.py", args + ["--out", str(tmp_path / "split")], nproc=nproc, launcher="accelerate_c")
-    run("sharded_step.py", args + ["--out", str(tmp_path / "whole")], nproc=nproc, launcher="accelerate_c",
+    run("split_step.py", args + ["--out", str(tmp_path / "split")], nproc=nproc, launcher="accelerate_c")
+    run("split_step.py", args + ["--out", str(tmp_path / "whole")], nproc=nproc, launcher="accelerate_c",
         env={"ACCELERATE_C_SHARDED_STEP": "0"})
     for name in configs:
         for r in range(nproc):
