@@ -224,7 +224,8 @@ def save_model(accelerator: Any, model: torch.nn.Module, save_directory: PathLik
     """`Accelerator.save_model`, called on every rank: HF-named shards plus an index, streamed from the strategy's
     model_slices (see the header: no gather of the whole model to one rank)."""
     from .pieces import PieceReader, rank_file, read_rank_meta, write_rank_file
-    from .universal import is_whole, model_index, model_rank_part, strategy_of, user_model
+    from .layout import strategy_of
+    from .universal import is_whole, model_index, model_rank_part, user_model
     save_directory = os.fspath(save_directory)
     if os.path.isfile(save_directory):
         logger.error("Provided path (%s) should be a directory, not a file", save_directory)

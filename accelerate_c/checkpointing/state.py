@@ -40,7 +40,8 @@ from . import scaling
 from . import universal
 from .format import CheckpointError, check_format, read_json, read_state, write_json, write_state
 from .pieces import PieceReader, rank_file, read_rank_meta, write_rank_file
-from .universal import strategy_of, user_model as _user_model
+from .layout import strategy_of
+from .universal import user_model as _user_model
 
 logger = logging.getLogger(__name__)
 
