@@ -22,6 +22,7 @@ import torch
 from .format import CheckpointError, _dtype_from_name, decode, encode
 from .pieces import LazyTensors, PieceReader, build_index, check_entry, dtype_name, numel_of
 from .slices import ParamSlot, TensorSlice
+from .tied import fill_tied
 
 QBLOCK = 256          # the 8-bit state's block (optim/lowbit.py QBLOCK; not imported: it loads the C extension)
 SCALAR_PREFIX = "~state/"
@@ -100,7 +101,6 @@ def load_model(reader: PieceReader, index: dict, target: torch.nn.Module, slices
         for name, src in aliases.items():
             if src in sd:
                 sd.setdefault(name, sd[src])
-        from .model import fill_tied
         target.load_state_dict(fill_tied(target, sd), **load_kwargs)
         return
     strict = load_kwargs.get("strict", True)
