@@ -10,7 +10,7 @@
 # is written by rank j % world straight from memory; otherwise every rank first writes the pieces it owns
 # (pieces.py) into a temporary folder and each shard's writer assembles one tensor at a time from them, so no
 # rank ever holds the whole model. Sizes: int bytes or "10GB"/"500MB" (decimal, like huggingface_hub) or "1GiB"
-# (binary). Not for: optimizer/RNG state (state.py, format.py).
+# (binary). Not for: optimizer/RNG state (session.py, format.py).
 from __future__ import annotations
 
 import dataclasses

@@ -11,7 +11,7 @@
 # tensor); anything else is per-parameter scalar state (encoded like format.py, tensors in the same file).
 # Groups are stored with parameter names; the main process's hyperparameters are the groups'. Loading builds the
 # state dict of this rank's slots and calls optimizer.load_state_dict (our AdamW converts between layouts).
-# Not for: files and coordination (state.py), the byte layout (pieces.py), which rank holds and writes what
+# Not for: files and coordination (session.py), the byte layout (pieces.py), which rank holds and writes what
 # (layout.py).
 from __future__ import annotations
 

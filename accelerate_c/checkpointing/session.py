@@ -1,4 +1,4 @@
-# accelerate_c/checkpointing/state.py: `Accelerator.save_state` / `load_state` under any strategy and world size
+# accelerate_c/checkpointing/session.py: `Accelerator.save_state` / `load_state` under any strategy and world size
 # (universal checkpoints: logical tensors, loadable by any other strategy/world size).
 #
 # Layout of one checkpoint directory (JSON + safetensors, never pickle):
