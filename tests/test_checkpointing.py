@@ -336,7 +336,7 @@ KILL_SCRIPT = """
 import os, sys, time
 sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})
 from test_checkpointing import FakeAccelerator
-from accelerate_c.checkpointing import save_state, state, atomic
+from accelerate_c.checkpointing import save_state, session as state, atomic
 mode, ckpt, flag = sys.argv[1], sys.argv[2], sys.argv[3]
 acc = FakeAccelerator(seed=1)
 acc.step = 2

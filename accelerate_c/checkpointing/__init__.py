@@ -4,8 +4,9 @@
 # The Accelerator's methods call these module functions with itself as the first argument.
 from .format import CheckpointError, FORMAT_VERSION, decode, encode, read_state, write_state
 from .model import parse_size, save_model
-from .state import (CHECKPOINT_FILE, DataPosition, latest_checkpoint, list_checkpoints, load_state,
-                    read_checkpoint_info, read_data_position, save_state)
+from .directory import (CHECKPOINT_FILE, DataPosition, latest_checkpoint, list_checkpoints, read_checkpoint_info,
+                        read_data_position)
+from .session import load_state, save_state
 
 __all__ = ["CheckpointError", "FORMAT_VERSION", "decode", "encode", "read_state", "write_state", "parse_size",
            "save_model", "CHECKPOINT_FILE", "DataPosition", "latest_checkpoint", "list_checkpoints",

@@ -10,7 +10,7 @@
 # fallback, between its two renames) both complete checkpoints aside; `recover()` / `resolve_for_read()`
 # then pick the new one when its commit marker is present, else the old one.
 # Names: temp/old siblings start with "." and end with TMP_SUFFIX/OLD_SUFFIX, so listings ignore them.
-# Not for: what goes inside a checkpoint (state.py) or multi-process coordination (state.py).
+# Not for: what goes inside a checkpoint (session.py) or multi-process coordination (session.py).
 from __future__ import annotations
 
 import ctypes

@@ -12,7 +12,7 @@
 #   dict with only str keys (none equal to "__t__") -> JSON object; any other dict (int keys, as in
 #   optimizer state dicts) -> {"__t__": "dict", "items": [[k, v], ...]} with k encoded like a value;
 #   numpy arrays/scalars, bytes, torch.dtype, torch.device have their own tags.
-# Not for: deciding which files a checkpoint holds (state.py) or atomicity (atomic.py).
+# Not for: deciding which files a checkpoint holds (session.py) or atomicity (atomic.py).
 from __future__ import annotations
 
 import base64

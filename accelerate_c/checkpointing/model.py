@@ -1,16 +1,16 @@
-# accelerate_c/checkpointing/model.py: exporting model weights (`Accelerator.save_model`, `merge-weights`), the
-# tied-weight helpers of checkpoints, and the safetensors clean-up `utils.other.save` (HF's `save`) uses.
+# accelerate_c/checkpointing/model.py: exporting model weights (`Accelerator.save_model`, `merge-weights`) and the
+# safetensors clean-up `utils.other.save` (HF's `save`) uses.
 #
 # HF-compatible names: `model.safetensors`, or shards `model-00001-of-0000N.safetensors` plus
 # `model.safetensors.index.json` ({"metadata": {"total_size": bytes}, "weight_map": {name: file}}).
 # Shards are filled greedily in state-dict order (a tensor larger than the limit gets a shard of its own);
 # tied tensors (same memory, shape and strides) are written once, under their first name, and refilled
-# from the module's own aliasing on load (`fill_tied`); distinct views into one flat buffer are all kept.
+# from the module's own aliasing on load (tied.py); distinct views into one flat buffer are all kept.
 # Streaming: the tensors come from the strategy's model_slices. When every rank holds every tensor whole, shard j
 # is written by rank j % world straight from memory; otherwise every rank first writes the pieces it owns
 # (pieces.py) into a temporary folder and each shard's writer assembles one tensor at a time from them, so no
 # rank ever holds the whole model. Sizes: int bytes or "10GB"/"500MB" (decimal, like huggingface_hub) or "1GiB"
-# (binary). Not for: optimizer/RNG state (state.py, format.py).
+# (binary). Not for: optimizer/RNG state (session.py, format.py).
 from __future__ import annotations
 
 import dataclasses
@@ -20,12 +20,15 @@ import os
 import re
 import shutil
 from collections import OrderedDict
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Union
 
 import torch
 
 from .format import PathLike, _dtype_from_name, fsync_file
-from .pieces import numel_of, write_safetensors
+from .layout import strategy_of
+from .pieces import PieceReader, numel_of, rank_file, read_rank_meta, write_rank_file, write_safetensors
+from .tied import dedupe_tied
+from .universal import is_whole, model_index, model_rank_part, user_model
 
 logger = logging.getLogger(__name__)
 
@@ -53,34 +56,6 @@ def parse_size(size: Union[int, str]) -> int:
     if value <= 0:
         raise ValueError(f"size must be positive, got {size!r}")
     return value
-
-
-def _alias_key(t: torch.Tensor) -> Optional[tuple]:
-    """Identity of the exact memory a tensor shows: equal keys = the same (tied) tensor. Distinct views into
-    one flat buffer (accelerate_c's memory model) have distinct keys and are all kept."""
-    if t.numel() == 0 or t.device.type == "meta":
-        return None
-    return (t.device.type, t.device.index, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
-
-
-def dedupe_tied(state_dict: dict) -> "OrderedDict[str, torch.Tensor]":
-    """Drops later names of tied tensors (same memory, shape and strides); no copies."""
-    seen: dict[tuple, str] = {}
-    out: OrderedDict[str, torch.Tensor] = OrderedDict()
-    dropped = []
-    for name, t in state_dict.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"model state dict entry {name!r} is a {type(t).__name__}, not a tensor")
-        key = _alias_key(t)
-        if key is not None and key in seen:
-            dropped.append(f"{name} (= {seen[key]})")
-            continue
-        if key is not None:
-            seen[key] = name
-        out[name] = t.detach()
-    if dropped:
-        logger.info("Tied tensors stored once: %s", ", ".join(dropped))
-    return out
 
 
 def materialize(tensors: dict) -> "OrderedDict[str, torch.Tensor]":
@@ -128,22 +103,6 @@ def split_into_shards(sizes: list[tuple[str, int]], max_shard_size: int) -> list
     if current or not shards:
         shards.append(current)
     return shards
-
-
-def fill_tied(module: torch.nn.Module, state_dict: dict) -> dict:
-    """Adds names missing from state_dict that alias (share storage with) a present name in `module`."""
-    groups: dict[tuple, list[str]] = {}
-    for name, t in module.state_dict(keep_vars=True).items():
-        key = _alias_key(t) if isinstance(t, torch.Tensor) else None
-        if key is not None:
-            groups.setdefault(key, []).append(name)
-    for names in groups.values():
-        present = [n for n in names if n in state_dict]
-        if present:
-            for n in names:
-                if n not in state_dict:
-                    state_dict[n] = state_dict[present[0]]
-    return state_dict
 
 
 def _is_writer(accelerator: Any) -> bool:
@@ -223,8 +182,6 @@ def save_model(accelerator: Any, model: torch.nn.Module, save_directory: PathLik
                max_shard_size: Union[int, str] = "10GB", safe_serialization: bool = True) -> None:
     """`Accelerator.save_model`, called on every rank: HF-named shards plus an index, streamed from the strategy's
     model_slices (see the header: no gather of the whole model to one rank)."""
-    from .pieces import PieceReader, rank_file, read_rank_meta, write_rank_file
-    from .universal import is_whole, model_index, model_rank_part, strategy_of, user_model
     save_directory = os.fspath(save_directory)
     if os.path.isfile(save_directory):
         logger.error("Provided path (%s) should be a directory, not a file", save_directory)

@@ -10,7 +10,8 @@
 # file is a plain safetensors state dict, readable by HF's loaders); a partial piece is stored 1-D under
 # "<name>@<start>". Files are written by a streaming writer (header first, then one tensor at a time, no copy
 # of views into flat buffers, fsync), so a writer holds at most one produced tensor at a time.
-# Not for: what the pieces mean (universal.py: model and optimizer state) or the checkpoint layout (state.py).
+# Not for: what the pieces mean (universal.py: model and optimizer state) or which files a checkpoint holds
+# (session.py).
 from __future__ import annotations
 
 import json

@@ -8,7 +8,7 @@
 # Loading under another world size: rank r reads saved rank r % saved_world. A checkpoint without fp8 state
 # (older, or from a run without fp8): every history is emptied (the first casts use current scaling, as a fresh
 # fp8 run's do) and, under delayed scaling, the main process warns.
-# Not for: the histories themselves (fp8.py) or the other per-rank state (state.py).
+# Not for: the histories themselves (fp8.py) or the other per-rank state (session.py).
 from __future__ import annotations
 
 import logging

@@ -7,7 +7,8 @@
 # parameter's size is "<param name>/<state key>" ("layers.0.weight/exp_avg"). The optimizer side is described by
 # ParamSlots (where each optimizer parameter lies in the logical model), because optimizer state may not exist
 # yet when a checkpoint is loaded: the loader builds the state dict from the slots and calls load_state_dict.
-# Not for: the file format (format.py, state.py) or any strategy's layout (strategies/).
+# Not for: the file format (format.py, session.py), which rank writes a tensor held whole (layout.py) or any strategy's
+# holdings (strategies/).
 from __future__ import annotations
 
 from dataclasses import dataclass

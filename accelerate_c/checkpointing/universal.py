@@ -11,7 +11,8 @@
 # tensor); anything else is per-parameter scalar state (encoded like format.py, tensors in the same file).
 # Groups are stored with parameter names; the main process's hyperparameters are the groups'. Loading builds the
 # state dict of this rank's slots and calls optimizer.load_state_dict (our AdamW converts between layouts).
-# Not for: files and coordination (state.py), the byte layout (pieces.py).
+# Not for: files and coordination (session.py), the byte layout (pieces.py), which rank holds and writes what
+# (layout.py).
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -21,24 +22,13 @@ import torch
 from .format import CheckpointError, _dtype_from_name, decode, encode
 from .pieces import LazyTensors, PieceReader, build_index, check_entry, dtype_name, numel_of
 from .slices import ParamSlot, TensorSlice
+from .tied import fill_tied
 
 QBLOCK = 256          # the 8-bit state's block (optim/lowbit.py QBLOCK; not imported: it loads the C extension)
 SCALAR_PREFIX = "~state/"
 MODEL_INDEX = "accelerate_c.model_index"
 OPTIMIZER_INDEX = "accelerate_c.optimizer_index"
 INDEX_VERSION = 1
-
-
-def strategy_of(accelerator: Any) -> Any:
-    """The accelerator's strategy (the owner of model_slices / optimizer_layout); an object without one (HF's
-    Accelerator, a test double) gets the unsharded default layout for its rank and world size."""
-    strategy = getattr(accelerator, "strategy", None)
-    if strategy is not None and hasattr(strategy, "model_slices"):
-        return strategy
-    from types import SimpleNamespace
-    from ..strategies.base import Strategy, StrategyContext
-    return Strategy(StrategyContext(SimpleNamespace(num_processes=int(accelerator.num_processes),
-                                                    process_index=int(accelerator.process_index))))
 
 
 def user_model(model: Any) -> Any:
@@ -111,7 +101,6 @@ def load_model(reader: PieceReader, index: dict, target: torch.nn.Module, slices
         for name, src in aliases.items():
             if src in sd:
                 sd.setdefault(name, sd[src])
-        from .model import fill_tied
         target.load_state_dict(fill_tied(target, sd), **load_kwargs)
         return
     strict = load_kwargs.get("strict", True)

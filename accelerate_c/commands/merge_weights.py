@@ -22,7 +22,7 @@ def merge_weights(checkpoint_dir: str, output_dir: str, safe_serialization: bool
     from ..checkpointing.format import _dtype_from_name, check_format, read_json
     from ..checkpointing.model import parse_size, write_hf_model
     from ..checkpointing.pieces import PieceReader
-    from ..checkpointing.state import CHECKPOINT_FILE, read_checkpoint_info
+    from ..checkpointing.directory import CHECKPOINT_FILE, read_checkpoint_info
     from ..checkpointing.universal import INDEX_VERSION, MODEL_INDEX
 
     checkpoint_dir = os.path.abspath(checkpoint_dir)

@@ -136,7 +136,8 @@ class Strategy:
         self.config = dataclasses.replace(self.config, gradient_clipping=deepspeed_clipping(plugin.deepspeed_config))
         return objects
 
-    def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool,
+                      evaluation_mode: bool = False) -> torch.nn.Module:
         if device_placement:
             model = model.to(self.state.device)
         return model
@@ -213,7 +214,8 @@ class Strategy:
         """Optionally zero the optimizer's gradients itself (e.g. in flat buffers); True if it did."""
         return False
 
-    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float,
+                        norm_type: float = 2.0) -> torch.Tensor:
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         grads = [p.grad for p in params if p.grad is not None]
         if grads and all(g.device.type == "cpu" for g in grads):
@@ -260,45 +262,16 @@ class Strategy:
 
     def model_slices(self, model: torch.nn.Module) -> list:
         """The model's logical tensors as this rank holds them (checkpointing/slices.py): here every tensor whole,
-        written by one rank each (`owner`), the ranks taking turns by size so they write in parallel. Tied names
-        (the same memory under a second name) are listed but owned by no rank: the checkpoint stores them once."""
-        from ..checkpointing.slices import TensorSlice
-        from ..runtime.models import extract_model_from_parallel
-        sd = extract_model_from_parallel(model).state_dict(keep_vars=True)
-        first: dict[tuple, str] = {}
-        tied = set()
-        for k, t in sd.items():
-            key = (t.device, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype) if t.numel() else None
-            if key is not None and key in first:
-                tied.add(k)
-            elif key is not None:
-                first[key] = k
-        owners = balanced_owners({k: t.numel() * t.element_size() for k, t in sd.items() if k not in tied},
-                                 self.state.num_processes)
-        # a non-contiguous tensor is flattened into a copy: written correctly, loaded via load_state_dict
-        return [TensorSlice(k, tuple(t.shape), t.dtype, 0, t.detach().reshape(-1),
-                            owner=owners.get(k) == self.state.process_index) for k, t in sd.items()]
+        each written by one rank (checkpointing/layout.py whole_model_slices)."""
+        from ..checkpointing.layout import whole_model_slices
+        return whole_model_slices(model, self.state.process_index, self.state.num_processes)
 
     def optimizer_layout(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list:
         """Where each of the optimizer's parameters (flattened param_groups order: index i of its state dict) lies in
-        the logical model (checkpointing/slices.py ParamSlot). Here every parameter is whole; each is written by one
-        rank (`owner`), the ranks taking turns by size. A state tensor of the parameter's size is the logical
-        tensor "<name>/<key>" restricted to the slot; anything else (step, ...) is per-parameter scalar state.
-        A tied parameter is named by its first name, as in model_slices."""
-        from ..checkpointing.slices import ParamSlot
-        from ..runtime.models import extract_model_from_parallel
-        names: dict[int, str] = {}
-        for n, p in extract_model_from_parallel(model).named_parameters(remove_duplicate=False):
-            names.setdefault(id(p), n)
-        inner = getattr(optimizer, "optimizer", optimizer)
-        params = [p for g in inner.param_groups for p in g["params"]]
-        missing = [i for i, p in enumerate(params) if id(p) not in names]
-        if missing:
-            raise ValueError(f"optimizer parameter(s) {missing} are not parameters of the model being checkpointed")
-        owners = balanced_owners({names[id(p)]: p.numel() * p.element_size() for p in params},
-                                 self.state.num_processes)
-        return [ParamSlot(i, names[id(p)], tuple(p.shape), 0, p.numel(), tuple(p.shape),
-                          owner=owners[names[id(p)]] == self.state.process_index) for i, p in enumerate(params)]
+        the logical model (checkpointing/slices.py ParamSlot): here every parameter whole, each written by one rank
+        (checkpointing/layout.py whole_optimizer_layout)."""
+        from ..checkpointing.layout import whole_optimizer_layout
+        return whole_optimizer_layout(optimizer, model, self.state.process_index, self.state.num_processes)
 
     def optimizer_model(self, optimizer: torch.optim.Optimizer) -> Optional[torch.nn.Module]:
         """The model an optimizer was re-pointed to by this strategy (sharded pieces), None when its parameters are
@@ -328,14 +301,3 @@ def deepspeed_clipping(config: Mapping[str, Any]) -> Optional[float]:
         return float(clip)
     return None
 
-
-def balanced_owners(sizes: Mapping[str, int], world: int) -> dict[str, int]:
-    """Assigns each named tensor to one rank, largest first to the least loaded rank (ties: lowest rank), so
-    that ranks write about the same number of bytes. Deterministic: every rank computes the same answer."""
-    load = [0] * max(world, 1)
-    owner: dict[str, int] = {}
-    for name in sorted(sizes, key=lambda k: (-sizes[k], k)):
-        r = min(range(len(load)), key=lambda i: (load[i], i))
-        owner[name] = r
-        load[r] += sizes[name]
-    return owner

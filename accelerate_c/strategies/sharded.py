@@ -22,7 +22,7 @@ import torch
 from ..ddp.module import DataParallelModule, GradSync
 from ..sharding.config import ShardedConfig
 from . import register
-from .base import balanced_owners, compute_dtype
+from .base import compute_dtype
 from .ddp_bucketed import BucketedDataParallel
 
 
@@ -64,7 +64,8 @@ class ShardedDataParallel(BucketedDataParallel):
 
     @classmethod
     def applies(cls, state: Any, handlers: dict[str, Any]) -> bool:
-        return state.num_processes > 1 and ("FullyShardedDataParallelPlugin" in handlers or "DeepSpeedPlugin" in handlers)
+        return state.num_processes > 1 and ("FullyShardedDataParallelPlugin" in handlers
+                                            or "DeepSpeedPlugin" in handlers)
 
     def __init__(self, ctx: Any, config: Optional[ShardedConfig] = None) -> None:
         super().__init__(ctx, config)
@@ -129,7 +130,8 @@ class ShardedDataParallel(BucketedDataParallel):
                          world=world, cross_root=members[order[0]][mine])
 
     # -- preparation -------------------------------------------------------------------------------------------
-    def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool,
+                      evaluation_mode: bool = False) -> torch.nn.Module:
         if self.stage == 0 or evaluation_mode:
             from ..sharding.construct import construction_needed, materialize_whole
             if construction_needed(model, self._comm()):  # a meta model, whole on every rank (rank 0's values)
@@ -157,7 +159,8 @@ class ShardedDataParallel(BucketedDataParallel):
         if sync is not None:
             self._replicated.append(sync)
             engine.replicated_sync = sync
-        return DataParallelModule(model, _SyncSwitch(engine, sync), self.broadcast if self.config.broadcast_buffers else None)
+        broadcast = self.broadcast if self.config.broadcast_buffers else None
+        return DataParallelModule(model, _SyncSwitch(engine, sync), broadcast)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         if self.stage == 0:
@@ -258,7 +261,8 @@ class ShardedDataParallel(BucketedDataParallel):
                         p.grad.zero_()
         return True
 
-    def _clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def _clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float,
+                         norm_type: float = 2.0) -> torch.Tensor:
         if self.stage == 0 or not self.sharded:
             return super()._clip_grad_norm_(parameters, max_norm, norm_type)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
@@ -316,59 +320,21 @@ class ShardedDataParallel(BucketedDataParallel):
 
     def model_slices(self, model: torch.nn.Module) -> list:
         """Each unit parameter's piece of this rank's fp32 master shard (under every name it is registered by);
-        buffers and replicated parameters whole, one owner each (ranks take turns by size)."""
-        from ..checkpointing.slices import TensorSlice
+        buffers and replicated parameters whole, one owner each (sharding/checkpoint.py)."""
         engine = self._engine_of(model)
         if engine is None:
             return super().model_slices(model)
-        sd = engine.model.state_dict(keep_vars=True)
-        byname = dict(engine.model.named_parameters(remove_duplicate=False))
-        whole = {k: t for k, t in sd.items() if id(byname.get(k)) not in engine.index}
-        if engine.mixed is not None:  # frozen parameters under a compute dtype: their fp32 values
-            whole = {k: engine.mixed.fp32(t) for k, t in whole.items()}
-        owners = balanced_owners({k: t.numel() * t.element_size() for k, t in whole.items()}, self.state.num_processes)
-        out = []
-        for k, t in sd.items():
-            if k in whole:
-                t = whole[k]
-                out.append(TensorSlice(k, tuple(t.shape), t.dtype, 0, t.detach().reshape(-1),
-                                       owner=owners[k] == self.state.process_index))
-                continue
-            i = engine.index[id(byname[k])]
-            e, u = engine.entries[i], engine.unit_of[i]
-            # every logical tensor is listed on every rank, an empty piece included (the checkpoint loader checks
-            # names); HYBRID_SHARD: every host holds the shards, the first one writes them
-            a, b = u.shard_slice(e)
-            out.append(TensorSlice(k, e.shape, torch.float32, e.lo, engine.master_shard(u)[a:b],
-                                   owner=engine.comm.replica == 0))
-        return out
+        from ..sharding.checkpoint import engine_model_slices
+        return engine_model_slices(engine, self.state.process_index, self.state.num_processes)
 
     def optimizer_layout(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list:
         """Each optimizer parameter: a shard piece (start, numel, local 1-D shape) or a whole replicated one."""
-        from ..checkpointing.slices import ParamSlot
         engine = self._engine_of(model)
         if engine is None:
             return super().optimizer_layout(optimizer, model)
+        from ..sharding.checkpoint import engine_optimizer_layout
         sp = self.sharded[self.engines.index(engine)]
-        inner = getattr(optimizer, "optimizer", optimizer)
-        params = [p for g in inner.param_groups for p in g["params"]]
-        names = {id(p): n for n, p in engine.model.named_parameters()}
-        whole = {names[id(p)]: p.numel() * p.element_size() for p in params if sp.slot(p) is None and id(p) in names}
-        owners = balanced_owners(whole, self.state.num_processes)
-        out = []
-        for i, p in enumerate(params):
-            hit = sp.slot(p)
-            if hit is not None:
-                e = hit[0]
-                out.append(ParamSlot(i, e.name, e.shape, e.lo, e.piece_numel, (e.piece_numel,),
-                                     owner=engine.comm.replica == 0))
-            elif id(p) in names:
-                n = names[id(p)]
-                out.append(ParamSlot(i, n, tuple(p.shape), 0, p.numel(), tuple(p.shape),
-                                     owner=owners[n] == self.state.process_index))
-            else:
-                raise ValueError(f"optimizer parameter {i} is not a parameter of the model being checkpointed")
-        return out
+        return engine_optimizer_layout(engine, sp, optimizer, self.state.process_index, self.state.num_processes)
 
     def optimizer_model(self, optimizer: torch.optim.Optimizer) -> Optional[torch.nn.Module]:
         """The user model whose shard pieces this optimizer steps (its parameters are pieces, not the model's)."""
