@@ -1,6 +1,6 @@
 # accelerate_c/ops.py: casts with scale and fused amax (bf16/fp16/fp8), and the fused gradient passes a
 # mixed-precision training step needs (non-finite check + unscale, global norm, scale by a factor), backed by
-# the C kernels in csrc/kernels/cast.c and csrc/kernels/gradops.c.
+# the C kernels in csrc/ops/cast.c and csrc/ops/gradops.c.
 # Not for: autograd (no backward is defined), CUDA kernels (non-CPU tensors fall back to torch ops until the
 # CUDA variants exist), or strided math (non-contiguous inputs are made contiguous / handed to torch).
 #

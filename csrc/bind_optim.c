@@ -2,14 +2,14 @@
  * DLPack, release the GIL, call the compute code, turn its acc_status into an exception).
  * Each call takes *lists* of tensors (one optimizer param group, or one flat buffer in a 1-element list), so
  * ~150 tensors cost one call, ~50 ns of borrowing per tensor and one parallel region.
- * Not for: compute code (kernels/adam.c, kernels/sgd.c, kernels/optim_util.c never include Python.h). */
+ * Not for: compute code (optim/adam.c, optim/sgd.c, optim/optim_util.c never include Python.h). */
 #include <stdlib.h>
 
 #include "bind_util.h"
-#include "kernels/adam.h"
-#include "kernels/optim_util.h"
-#include "kernels/qmap.h"
-#include "kernels/sgd.h"
+#include "optim/adam.h"
+#include "optim/optim_util.h"
+#include "optim/qmap.h"
+#include "optim/sgd.h"
 #include "tensor.h"
 
 /* ---- small helpers --------------------------------------------------------------------------------- */
@@ -434,7 +434,7 @@ PyMethodDef acc_optim_methods[] = {
      "first step, not read). mirrors: as for adam_step."},
     {"quantize_blockwise", (PyCFunction)(void (*)(void))py_quantize_blockwise, METH_FASTCALL,
      "quantize_blockwise($module, x, codes, absmax, signed, nthreads, /)\n--\n\n"
-     "8-bit block-wise dynamic quantisation (kernels/qmap.h) of a contiguous fp32 CPU tensor x into codes (uint8,\n"
+     "8-bit block-wise dynamic quantisation (optim/qmap.h) of a contiguous fp32 CPU tensor x into codes (uint8,\n"
      "x.numel()) and absmax (fp32, one per 256 elements). signed: exp_avg's map, else exp_avg_sq's."},
     {"dequantize_blockwise", (PyCFunction)(void (*)(void))py_dequantize_blockwise, METH_FASTCALL,
      "dequantize_blockwise($module, codes, absmax, out, signed, nthreads, /)\n--\n\n"

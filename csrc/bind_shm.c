@@ -1,6 +1,6 @@
 /* bind_shm.c: Python bindings of the shm subsystem (METH_FASTCALL wrappers: parse, borrow tensors through
  * DLPack, release the GIL, call the compute code, turn its acc_status into an exception).
- * Not for: compute code (that lives in kernels/ or shm/ and never includes Python.h), or the collective
+ * Not for: compute code (that lives in ops/, optim/ or shm/ and never includes Python.h), or the collective
  * protocol above one host (the Python package accelerate_c/comm).
  *
  * A group is an opaque capsule ("accelerate_c.shm_group") over a small box holding the C group; close

@@ -18,8 +18,8 @@
 
 #include "acc.h"
 #include "cpu.h"
-#include "kernels/cast.h"
-#include "kernels/fpconv.h"
+#include "ops/cast.h"
+#include "fpconv.h"
 #include "parallel.h"
 
 #define AI __attribute__((always_inline))

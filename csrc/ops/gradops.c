@@ -13,8 +13,8 @@
 
 #include "acc.h"
 #include "cpu.h"
-#include "kernels/fpconv.h"
-#include "kernels/gradops.h"
+#include "fpconv.h"
+#include "ops/gradops.h"
 #include "parallel.h"
 
 #define AI __attribute__((always_inline))

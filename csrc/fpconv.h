@@ -55,7 +55,7 @@ static inline uint16_t acc_f32_to_bf16(float f, uint16_t nan) {
 /* fp32 -> bf16 with stochastic rounding: the 16 bits dropped are compared with `rnd` (uniform in
  * [0, 2^16)), so the result rounds up with probability (dropped bits) / 2^16 and E[result] = f. NaN -> 0x7FC0;
  * a finite value may round up to inf only from above the largest bf16 (as RNE would). The SIMD paths in
- * kernels/lowbit_ops.inc do the same integer add and must give the same bits. */
+ * optim/lowbit_ops.inc do the same integer add and must give the same bits. */
 static inline uint16_t acc_f32_to_bf16_sr(float f, uint32_t rnd) {
     uint32_t u = acc_f2u(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
