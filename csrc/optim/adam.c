@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #include "adam.h"
-#include "cpu.h"
+#include "simd.h"
 #include "optim_simd.h"
 
 typedef struct {
@@ -23,12 +23,7 @@ typedef struct {
 
 static void adam_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
     const adam_item *t = (const adam_item *)ctx + seg;
-#ifdef ACC_OPTIM_X86
-    acc_simd_level lvl = acc_simd_level_get();
-    if (lvl == ACC_SIMD_AVX512) { adam_range_avx512(t, lo, hi); return; }
-    if (lvl == ACC_SIMD_AVX2) { adam_range_avx2(t, lo, hi); return; }
-#endif
-    adam_range_scalar(t, lo, hi);
+    ACC_SIMD_CALL(acc_simd_level_get(), adam_range, t, lo, hi);
 }
 
 void acc_adam_scalars_for(const acc_adam_config *cfg, double step, acc_adam_scalars *c) {

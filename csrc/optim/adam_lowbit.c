@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 #include "adam.h"
-#include "cpu.h"
+#include "simd.h"
 #include "optim_simd.h"
 #include "qmap.h"
 
@@ -47,22 +47,12 @@ static inline float lb_update1(const acc_adam_scalars *c, float g, float *p, flo
 
 static void q8_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
     const lowbit_item *t = ((const lowbit_item *const *)ctx)[seg];
-#ifdef ACC_OPTIM_X86
-    acc_simd_level lvl = acc_simd_level_get();
-    if (lvl == ACC_SIMD_AVX512) { adam_q8_blocks_avx512(t, lo, hi); return; }
-    if (lvl == ACC_SIMD_AVX2) { adam_q8_blocks_avx2(t, lo, hi); return; }
-#endif
-    adam_q8_blocks_scalar(t, lo, hi);
+    ACC_SIMD_CALL(acc_simd_level_get(), adam_q8_blocks, t, lo, hi);
 }
 
 static void bf16s_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
     const lowbit_item *t = ((const lowbit_item *const *)ctx)[seg];
-#ifdef ACC_OPTIM_X86
-    acc_simd_level lvl = acc_simd_level_get();
-    if (lvl == ACC_SIMD_AVX512) { adam_bf16s_range_avx512(t, lo, hi); return; }
-    if (lvl == ACC_SIMD_AVX2) { adam_bf16s_range_avx2(t, lo, hi); return; }
-#endif
-    adam_bf16s_range_scalar(t, lo, hi);
+    ACC_SIMD_CALL(acc_simd_level_get(), adam_bf16s_range, t, lo, hi);
 }
 
 static acc_status check(size_t k, const acc_adam_tensor *x) {
