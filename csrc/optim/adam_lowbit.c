@@ -4,7 +4,7 @@
  * The 8-bit path works a block of ACC_QBLOCK elements at a time: the updated fp32 m and v stay in an L1 buffer
  * until the block's new absmax is known, then are requantised; threads get whole blocks, so nothing depends on
  * the thread count. DRAM traffic per parameter: fp32 grad 4 + param 4+4 + state 2+2 (8-bit) or 4+4 (bf16).
- * Not for: fp32 state or amsgrad (adam.c), Python, state allocation. */
+ * Not for: fp32 state or amsgrad (adam.c; bind_optim.c splits a call between the two), Python, state allocation. */
 #pragma GCC optimize("fp-contract=off")
 #include <math.h>
 #include <stdlib.h>
@@ -78,7 +78,8 @@ static acc_status check(size_t k, const acc_adam_tensor *x) {
 acc_status acc_adam_lowbit_step(const acc_adam_config *cfg, const acc_adam_tensor *const *ts, size_t nt,
                                 int nthreads) {
     for (size_t k = 0; k < nt; k++) {
-        acc_status st = check(k, ts[k]);
+        acc_status st = acc_adam_check_tensor(cfg, k, ts[k]);
+        if (!st) st = check(k, ts[k]);
         if (st) return st;
     }
     lowbit_item *items = (lowbit_item *)calloc(nt ? nt : 1, sizeof(lowbit_item));
