@@ -100,6 +100,15 @@ static PyObject *py_set_timeout(PyObject *m, PyObject *const *args, Py_ssize_t n
     Py_RETURN_NONE;
 }
 
+static PyObject *py_group_spin_us(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (!nargs_ok(nargs, 1, "shm_group_spin_us")) return NULL;
+    acc_shm_group *g = get_group(args[0], "shm_group_spin_us");
+    if (!g) return NULL;
+    long spin, inner;
+    acc_shm_group_spin_us(g, &spin, &inner);
+    return Py_BuildValue("(ll)", spin, inner);
+}
+
 static int parse_op(PyObject *o, acc_redop *op) {
     long v = PyLong_AsLong(o);
     if (v == -1 && PyErr_Occurred()) return -1;
@@ -362,6 +371,9 @@ PyMethodDef acc_shm_methods[] = {
     {"shm_group_close", FC(py_group_close), "shm_group_close($module, handle, /)\n--\n\nUnmap the segment."},
     {"shm_set_timeout", FC(py_set_timeout),
      "shm_set_timeout($module, handle, seconds, /)\n--\n\nSet the per-wait timeout."},
+    {"shm_group_spin_us", FC(py_group_spin_us),
+     "shm_group_spin_us($module, handle, /)\n--\n\n"
+     "(spin_us, inner_spin_us): the spin budgets the group waits with (set_options' values when it was opened)."},
     {"shm_all_reduce", FC(py_all_reduce),
      "shm_all_reduce($module, handle, tensor, op, /)\n--\n\n"
      "In-place all-reduce (op: 0 sum, 1 avg, 2 max, 3 min, 4 sum_div = sum rounded to the dtype, then / N)."},

@@ -20,6 +20,7 @@
 #include "acc.h"
 #include "fpconv.h"
 #include "ops/cast.h"
+#include "options.h"
 #include "parallel.h"
 #include "simd.h"
 
@@ -305,22 +306,14 @@ void acc_cast_span(const void *src, acc_dtype src_dtype, void *dst, acc_dtype ds
  * which on the 2-core VM runs at ~1 GB/s, slower than the cast itself. With transparent huge pages in
  * "madvise" mode, MADV_HUGEPAGE on the 2 MiB-aligned interior of the output cuts that to one fault per
  * 2 MiB (measured 4-10x faster first touch on a fresh box) but, when memory is fragmented, the kernel
- * compacts on fault and a 1 GiB first touch took 0.25-5.5 s instead of ~1 s. So it is opt-in:
- * ACCELERATE_C_CAST_THP=1. Only advice: failure is ignored and the bits are unaffected. The real fix is to
- * reuse outputs (ops.cast(..., out=)). */
-static int thp_wanted(void) {
-    static int w = -1;
-    if (w < 0) {
-        const char *env = getenv("ACCELERATE_C_CAST_THP");
-        w = env && env[0] == '1';
-    }
-    return w;
-}
-
+ * compacts on fault and a 1 GiB first touch took 0.25-5.5 s instead of ~1 s. So it is opt-in: the option
+ * cast_thp (options.h; _C.set_options(cast_thp=True), which accelerate_c sets from ACCELERATE_C_CAST_THP=1).
+ * Only advice: failure is ignored and the bits are unaffected. The real fix is to reuse outputs
+ * (ops.cast(..., out=)). */
 static void advise_huge(void *dst, size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     const uintptr_t huge = (uintptr_t)2 << 20;
-    if (bytes < 2 * huge || !thp_wanted()) return;
+    if (bytes < 2 * huge || !acc_options_cast_thp()) return;
     uintptr_t a = ((uintptr_t)dst + huge - 1) & ~(huge - 1), e = ((uintptr_t)dst + bytes) & ~(huge - 1);
     if (e > a) (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
 #else
