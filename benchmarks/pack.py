@@ -1,4 +1,4 @@
-# benchmarks/pack.py: the sharded engine's copy-in (C kernel _C.pack, csrc/kernels/pack.c) against the torch copies
+# benchmarks/pack.py: the sharded engine's copy-in (C kernel _C.pack, csrc/ops/pack.c) against the torch copies
 # it replaces (FlatUnit.pack before: zero_/copy_ per tensor plus the padding), on the gradients of one transformer
 # block (many tensors, biases included) and of a big unit, for the dtype pairs the engine uses: bf16 -> bf16
 # (param_dtype = reduce_dtype), bf16 -> fp32 (reduce_dtype fp32), fp32 -> fp32. Interleaved rounds, medians.

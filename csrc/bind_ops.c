@@ -1,14 +1,14 @@
 /* bind_ops.c: Python bindings of the ops subsystem (METH_FASTCALL wrappers: parse, borrow tensors through
  * DLPack, release the GIL, call the compute code, turn its acc_status into an exception).
- * Not for: compute code (kernels/cast.c, kernels/gradops.c) or allocation: accelerate_c/ops.py allocates
+ * Not for: compute code (ops/cast.c, ops/gradops.c) or allocation: accelerate_c/ops.py allocates
  * every output and passes it in, and falls back to torch for tensors these functions do not take
  * (non-CPU, non-contiguous, other dtypes). */
 #include <stdlib.h>
 
 #include "bind_util.h"
-#include "kernels/cast.h"
-#include "kernels/gradops.h"
-#include "kernels/pack.h"
+#include "ops/cast.h"
+#include "ops/gradops.h"
+#include "ops/pack.h"
 #include "parallel.h"
 #include "tensor.h"
 

@@ -2,14 +2,15 @@
  * DLPack, release the GIL, call the compute code, turn its acc_status into an exception).
  * Each call takes *lists* of tensors (one optimizer param group, or one flat buffer in a 1-element list), so
  * ~150 tensors cost one call, ~50 ns of borrowing per tensor and one parallel region.
- * Not for: compute code (kernels/adam.c, kernels/sgd.c, kernels/optim_util.c never include Python.h). */
+ * adam_step also splits its tensors between the fp32-state and the low-precision-state kernels (adam_run).
+ * Not for: compute code (optim/adam.c, optim/sgd.c, optim/optim_util.c never include Python.h). */
 #include <stdlib.h>
 
 #include "bind_util.h"
-#include "kernels/adam.h"
-#include "kernels/optim_util.h"
-#include "kernels/qmap.h"
-#include "kernels/sgd.h"
+#include "optim/adam.h"
+#include "optim/optim_util.h"
+#include "optim/qmap.h"
+#include "optim/sgd.h"
 #include "tensor.h"
 
 /* ---- small helpers --------------------------------------------------------------------------------- */
@@ -146,6 +147,34 @@ static int borrow_state(PyObject *module, PyObject *ms, PyObject *vs, PyObject *
 
 /* ---- adam_step --------------------------------------------------------------------------------------- */
 
+/* The fp32 / low-precision-state split of one call: every tensor passes acc_adam_check first (no memory touched
+ * before all are valid), then the bf16 / 8-bit state tensors go to adam_lowbit.c's kernel and the fp32 ones to
+ * adam.c's. The compute files do not call each other for this. */
+static acc_status adam_run(const acc_adam_config *cfg, const acc_adam_tensor *ts, size_t n, int nthreads) {
+    acc_status st = acc_adam_check(cfg, ts, n);
+    if (st) return st;
+    size_t nlow = 0;
+    for (size_t k = 0; k < n; k++) nlow += ts[k].state_dtype != ACC_F32;
+    if (!nlow) return acc_adam_step(cfg, ts, n, nthreads);
+    const acc_adam_tensor **low = (const acc_adam_tensor **)malloc(nlow * sizeof(*low));
+    acc_adam_tensor *rest = (acc_adam_tensor *)malloc((n - nlow + 1) * sizeof(*rest));
+    if (!low || !rest) {
+        free(low);
+        free(rest);
+        return ACC_ERR_NOMEM;
+    }
+    size_t a = 0, b = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (ts[k].state_dtype != ACC_F32) low[a++] = &ts[k];
+        else rest[b++] = ts[k];
+    }
+    st = acc_adam_lowbit_step(cfg, low, nlow, nthreads);
+    if (st == ACC_OK && b) st = acc_adam_step(cfg, rest, b, nthreads);
+    free(low);
+    free(rest);
+    return st;
+}
+
 static PyObject *py_adam_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 18 || nargs > 23)
         return PyErr_Format(PyExc_TypeError, "adam_step takes 18 to 23 positional arguments (%zd given)", nargs);
@@ -220,7 +249,7 @@ static PyObject *py_adam_step(PyObject *module, PyObject *const *args, Py_ssize_
     }
     acc_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = acc_adam_step(&cfg, ts, (size_t)n, nthreads);
+    st = adam_run(&cfg, ts, (size_t)n, nthreads);
     Py_END_ALLOW_THREADS
     if (st != ACC_OK) {
         acc_raise_status(st, "adam_step");
@@ -434,7 +463,7 @@ PyMethodDef acc_optim_methods[] = {
      "first step, not read). mirrors: as for adam_step."},
     {"quantize_blockwise", (PyCFunction)(void (*)(void))py_quantize_blockwise, METH_FASTCALL,
      "quantize_blockwise($module, x, codes, absmax, signed, nthreads, /)\n--\n\n"
-     "8-bit block-wise dynamic quantisation (kernels/qmap.h) of a contiguous fp32 CPU tensor x into codes (uint8,\n"
+     "8-bit block-wise dynamic quantisation (optim/qmap.h) of a contiguous fp32 CPU tensor x into codes (uint8,\n"
      "x.numel()) and absmax (fp32, one per 256 elements). signed: exp_avg's map, else exp_avg_sq's."},
     {"dequantize_blockwise", (PyCFunction)(void (*)(void))py_dequantize_blockwise, METH_FASTCALL,
      "dequantize_blockwise($module, codes, absmax, out, signed, nthreads, /)\n--\n\n"

@@ -1,6 +1,6 @@
 /* bind_shm.c: Python bindings of the shm subsystem (METH_FASTCALL wrappers: parse, borrow tensors through
  * DLPack, release the GIL, call the compute code, turn its acc_status into an exception).
- * Not for: compute code (that lives in kernels/ or shm/ and never includes Python.h), or the collective
+ * Not for: compute code (that lives in ops/, optim/ or shm/ and never includes Python.h), or the collective
  * protocol above one host (the Python package accelerate_c/comm).
  *
  * A group is an opaque capsule ("accelerate_c.shm_group") over a small box holding the C group; close
@@ -98,6 +98,15 @@ static PyObject *py_set_timeout(PyObject *m, PyObject *const *args, Py_ssize_t n
     if (!g || PyErr_Occurred()) return NULL;
     acc_shm_group_set_timeout(g, t);
     Py_RETURN_NONE;
+}
+
+static PyObject *py_group_spin_us(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (!nargs_ok(nargs, 1, "shm_group_spin_us")) return NULL;
+    acc_shm_group *g = get_group(args[0], "shm_group_spin_us");
+    if (!g) return NULL;
+    long spin, inner;
+    acc_shm_group_spin_us(g, &spin, &inner);
+    return Py_BuildValue("(ll)", spin, inner);
 }
 
 static int parse_op(PyObject *o, acc_redop *op) {
@@ -362,6 +371,9 @@ PyMethodDef acc_shm_methods[] = {
     {"shm_group_close", FC(py_group_close), "shm_group_close($module, handle, /)\n--\n\nUnmap the segment."},
     {"shm_set_timeout", FC(py_set_timeout),
      "shm_set_timeout($module, handle, seconds, /)\n--\n\nSet the per-wait timeout."},
+    {"shm_group_spin_us", FC(py_group_spin_us),
+     "shm_group_spin_us($module, handle, /)\n--\n\n"
+     "(spin_us, inner_spin_us): the spin budgets the group waits with (set_options' values when it was opened)."},
     {"shm_all_reduce", FC(py_all_reduce),
      "shm_all_reduce($module, handle, tensor, op, /)\n--\n\n"
      "In-place all-reduce (op: 0 sum, 1 avg, 2 max, 3 min, 4 sum_div = sum rounded to the dtype, then / N)."},

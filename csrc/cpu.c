@@ -1,7 +1,4 @@
 /* cpu.c: CPUID-based feature detection and the process-wide SIMD level (see cpu.h). */
-#include <stdlib.h>
-#include <string.h>
-
 #include "cpu.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -40,15 +37,7 @@ acc_simd_level acc_simd_detected(void) {
 }
 
 acc_simd_level acc_simd_level_get(void) {
-    if (g_level < 0) {
-        int lvl = (int)acc_simd_detected();
-        const char *env = getenv("ACCELERATE_C_SIMD");
-        if (env) {
-            if (!strcmp(env, "scalar")) lvl = ACC_SIMD_SCALAR;
-            else if (!strcmp(env, "avx2") && lvl >= ACC_SIMD_AVX2) lvl = ACC_SIMD_AVX2;
-        }
-        g_level = lvl;
-    }
+    if (g_level < 0) g_level = (int)acc_simd_detected();
     return (acc_simd_level)g_level;
 }
 

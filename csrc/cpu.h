@@ -1,6 +1,8 @@
-/* cpu.h: run-time SIMD dispatch. The CPU's features are read once with CPUID; the level used can be
- * lowered (never raised) with ACCELERATE_C_SIMD=scalar|avx2|avx512 or acc_simd_set_level(), so tests can
- * run every path on one machine. Not for: choosing at build time (no -march=native anywhere). */
+/* cpu.h: the run-time SIMD level. The CPU's features are read once with CPUID; the level kernels use starts
+ * at the detected one and can be set to any level up to it with acc_simd_level_set() (Python:
+ * _C.simd_level("scalar" | "avx2" | "avx512"), which accelerate_c calls for ACCELERATE_C_SIMD=scalar|avx2),
+ * so tests can run every path on one machine. Not for: the target attributes and the dispatch style
+ * (simd.h), or choosing at build time (no -march=native anywhere). */
 #ifndef ACC_CPU_H
 #define ACC_CPU_H
 

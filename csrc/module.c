@@ -5,6 +5,7 @@
 
 #include "bind_util.h"
 #include "cpu.h"
+#include "options.h"
 #include "tensor.h"
 
 /* ---- core functions ------------------------------------------------------------------------------ */
@@ -24,6 +25,59 @@ static PyObject *core_simd_level(PyObject *module, PyObject *const *args, Py_ssi
                                 acc_simd_name(acc_simd_detected()));
     }
     return PyUnicode_FromString(acc_simd_name(acc_simd_level_get()));
+}
+
+/* spin time option: an int (not a bool) in 0 .. ACC_OPT_SPIN_MAX_US */
+static int spin_arg(PyObject *v, const char *name, long *out) {
+    if (!PyLong_Check(v) || PyBool_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "set_options: %s must be an int (microseconds), got %R", name, v);
+        return -1;
+    }
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (overflow || x < 0 || x > ACC_OPT_SPIN_MAX_US) {
+        PyErr_Format(PyExc_ValueError, "set_options: %s must be between 0 and %ld microseconds, got %R", name,
+                     ACC_OPT_SPIN_MAX_US, v);
+        return -1;
+    }
+    *out = (long)x;
+    return 0;
+}
+
+/* set_options(*, cast_thp=..., shm_spin_us=..., shm_inner_spin_us=...): every given option is checked before
+ * any is applied; options not given keep their value. */
+static PyObject *core_set_options(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (nargs) return PyErr_Format(PyExc_TypeError, "set_options takes keyword arguments only (%zd positional given)",
+                                   nargs);
+    acc_options o;
+    acc_options_get(&o);
+    Py_ssize_t nk = kwnames ? PyTuple_Size(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        PyObject *key = PyTuple_GetItem(kwnames, i), *v = args[i];
+        if (!key) return NULL;
+        if (PyUnicode_CompareWithASCIIString(key, "cast_thp") == 0) {
+            if (!PyBool_Check(v))
+                return PyErr_Format(PyExc_TypeError, "set_options: cast_thp must be a bool, got %R", v);
+            o.cast_thp = v == Py_True;
+        } else if (PyUnicode_CompareWithASCIIString(key, "shm_spin_us") == 0) {
+            if (spin_arg(v, "shm_spin_us", &o.shm_spin_us) < 0) return NULL;
+        } else if (PyUnicode_CompareWithASCIIString(key, "shm_inner_spin_us") == 0) {
+            if (spin_arg(v, "shm_inner_spin_us", &o.shm_inner_spin_us) < 0) return NULL;
+        } else {
+            return PyErr_Format(PyExc_TypeError,
+                                "set_options: unknown option %R (cast_thp, shm_spin_us, shm_inner_spin_us)", key);
+        }
+    }
+    acc_options_set(&o);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_get_options(PyObject *module, PyObject *unused) {
+    acc_options o;
+    acc_options_get(&o);
+    return Py_BuildValue("{s:O,s:l,s:l}", "cast_thp", o.cast_thp ? Py_True : Py_False, "shm_spin_us", o.shm_spin_us,
+                         "shm_inner_spin_us", o.shm_inner_spin_us);
 }
 
 static PyObject *core_simd_detected(PyObject *module, PyObject *unused) {
@@ -47,6 +101,14 @@ static PyObject *core_has_exchange_api(PyObject *module, PyObject *unused) {
 PyMethodDef acc_core_methods[] = {
     {"simd_level", (PyCFunction)(void (*)(void))core_simd_level, METH_FASTCALL,
      "simd_level($module, level=None, /)\n--\n\nGet (or lower) the SIMD level kernels use: scalar, avx2, avx512."},
+    {"set_options", (PyCFunction)(void (*)(void))core_set_options, METH_FASTCALL | METH_KEYWORDS,
+     "set_options($module, /, *, cast_thp=False, shm_spin_us=50, shm_inner_spin_us=1000)\n--\n\n"
+     "Set the C core's run-time options (options not given keep their value; defaults shown):\n"
+     "cast_thp (bool): transparent huge pages for large fresh cast outputs; shm_spin_us, shm_inner_spin_us\n"
+     "(int, 0 .. 10_000_000): the spin budgets of a shm wait before it sleeps, at the first arrival of a\n"
+     "collective and between its phases; a shm group takes the values current when it is opened."},
+    {"get_options", core_get_options, METH_NOARGS,
+     "get_options($module, /)\n--\n\nThe current run-time options as a dict (see set_options)."},
     {"simd_detected", core_simd_detected, METH_NOARGS,
      "simd_detected($module, /)\n--\n\nThe best SIMD level this CPU supports."},
     {"tensor_info", (PyCFunction)(void (*)(void))core_tensor_info, METH_FASTCALL,
@@ -57,6 +119,19 @@ PyMethodDef acc_core_methods[] = {
 };
 
 /* ---- module lifecycle ---------------------------------------------------------------------------- */
+
+/* C reads no environment variables: once the functions exist, accelerate_c._native_options.apply_from_env(m)
+ * reads the ones the C core used to read (ACCELERATE_C_SIMD, _CAST_THP, _SHM_SPIN_US, _SHM_INNER_SPIN_US) and
+ * calls m.simd_level / m.set_options. Here, because this is the one place every first import of _C passes. */
+static int apply_env_options(PyObject *m) {
+    PyObject *mod = PyImport_ImportModule("accelerate_c._native_options");
+    if (!mod) return -1;
+    PyObject *r = PyObject_CallMethod(mod, "apply_from_env", "O", m);
+    Py_DECREF(mod);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
 
 static int acc_exec(PyObject *m) {
     acc_module_state *st = acc_get_state(m);
@@ -75,7 +150,7 @@ static int acc_exec(PyObject *m) {
     Py_DECREF(bucket_type);
     if (rc < 0) return -1;
     if (PyModule_AddIntConstant(m, "LIMITED_API", Py_LIMITED_API) < 0) return -1;
-    return 0;
+    return apply_env_options(m);
 }
 
 static int acc_traverse(PyObject *m, visitproc visit, void *arg) {

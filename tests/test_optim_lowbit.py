@@ -24,7 +24,7 @@ U64 = (1 << 64) - 1
 
 # ---------------------------------------------------------------------------------------- reference (plain torch)
 def ref_tables(signed):
-    """The map's constants from their definition (csrc/kernels/qmap.h), each one double expression rounded once."""
+    """The map's constants from their definition (csrc/optim/qmap.h), each one double expression rounded once."""
     nd = 7 if signed else 8
     f32 = lambda x: torch.tensor(x, dtype=torch.float64).float().item()  # noqa: E731
     ten_neg = [1e0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7]

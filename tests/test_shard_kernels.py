@@ -1,4 +1,4 @@
-# tests/test_shard_kernels.py: the sharded engine's C copy-in (_C.pack, csrc/kernels/pack.c, and its Python face
+# tests/test_shard_kernels.py: the sharded engine's C copy-in (_C.pack, csrc/ops/pack.c, and its Python face
 # accelerate_c/sharding/pack.py) against torch's own copies, bit for bit: every fp32/bf16/fp16 source/destination
 # pair, odd sizes and offsets, gaps and a zeroed padding tail, empty pieces and an empty destination, 1-3 threads
 # on a destination big enough to be split, every SIMD level this CPU runs; and the errors bad input gets.

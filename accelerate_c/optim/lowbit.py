@@ -3,7 +3,7 @@
 #   "float32"   torch's own: exp_avg, exp_avg_sq fp32 tensors shaped like the param;
 #   "bfloat16"  the same keys in bf16 (the kernel writes them with stochastic rounding);
 #   "8bit"      exp_avg / exp_avg_sq uint8 codes shaped like the param (signed / unsigned dynamic map, see
-#               csrc/kernels/qmap.h) plus exp_avg_absmax / exp_avg_sq_absmax, fp32, one per 256-element block.
+#               csrc/optim/qmap.h) plus exp_avg_absmax / exp_avg_sq_absmax, fp32, one per 256-element block.
 # A group's "state_dtype" picks the layout; "8bit" keeps params under "min_8bit_size" elements in fp32.
 # Not for: the optimizer classes (adamw.py) or the kernel call (_fused.py).
 from __future__ import annotations

@@ -7,7 +7,7 @@
 # dequantised values (same numerics, no speed-up).
 # recompute_context_fn: activation checkpointing's recomputation quantises with the scales its forward used.
 # scaling_state / load_scaling_state: the amax histories as plain data, for save_state (checkpointing/scaling.py).
-# Not for: fp16/bf16 (precision.py) or the cast kernel itself (ops.py, csrc/kernels/cast.c).
+# Not for: fp16/bf16 (precision.py) or the cast kernel itself (ops.py, csrc/ops/cast.c).
 from __future__ import annotations
 
 import contextlib

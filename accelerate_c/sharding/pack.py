@@ -1,6 +1,6 @@
 # accelerate_c/sharding/pack.py: the engine's copy-in and the switch between its C paths and plain torch copies.
 # pack() fills a flat buffer with tensors at element offsets, converting to the buffer's dtype, zeroing the rest
-# (gaps, padding): one C call (csrc/kernels/pack.c, GIL released, threaded for big units) where every tensor is a
+# (gaps, padding): one C call (csrc/ops/pack.c, GIL released, threaded for big units) where every tensor is a
 # contiguous CPU float tensor, torch copies otherwise. ACCELERATE_C_SHARD_KERNELS=0 selects the torch copies
 # everywhere, and the separate master -> compute cast after the step (benchmarks/zero_step.py compares the two).
 # Not for: the layout (flat.py) or when buffers are packed (engine.py, zero3.py).

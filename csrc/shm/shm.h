@@ -40,6 +40,8 @@ acc_status acc_shm_group_wait_attached(acc_shm_group *g);
 void acc_shm_group_close(acc_shm_group *g);
 int acc_shm_group_rank(const acc_shm_group *g);
 int acc_shm_group_size(const acc_shm_group *g);
+/* The spin budgets the group waits with (options.h's values when it was opened), in microseconds. */
+void acc_shm_group_spin_us(const acc_shm_group *g, long *spin_us, long *inner_spin_us);
 void acc_shm_group_set_timeout(acc_shm_group *g, double timeout_s);
 
 /* Regions: a separate segment of nranks parts of part_bytes each, for buffers that live in shared

@@ -5,33 +5,18 @@
  * Why blocks: the N sources are combined in a fixed order (rank 0, 1, ...) into a small stack block
  * of the accumulation type (fp32 for bf16/fp16), then stored once to every destination. Fixed order
  * means every rank that reduces the same data gets the same bits. The generic kernels are
- * always_inline and instantiated inside functions with different `target` attributes, so gcc
+ * always_inline and instantiated once per target by ACC_SIMD_INSTANCES (simd.h), so gcc
  * vectorises the same C for each ISA (bit-identical: no FMA contraction happens in add/max/min).
  * The 2-source sum/avg/sum_div (every 2-rank all_reduce) skips the block: one element-wise pass computing the
  * same expression, ~1.7x faster than the block path (both input streams in flight, no extra passes). */
 #include <math.h>
 #include <string.h>
 
-#include "cpu.h"
+#include "fpconv.h"
 #include "shm.h"
+#include "simd.h"
 
 #define BLK 1024
-
-static inline __attribute__((always_inline)) float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline __attribute__((always_inline)) uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    /* round to nearest even; NaN stays a (quiet) NaN */
-    uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    uint32_t q = (u >> 16) | 0x40u;
-    return (uint16_t)(((u & 0x7FFFFFFFu) > 0x7F800000u) ? q : r);
-}
 
 /* acc[i] = op(X, Y) for i < m, where X / Y are expressions of i (op is hoisted out of the loops by gcc's
  * loop unswitching since it is loop-invariant). SUM, AVG and SUM_DIV all add here; their division comes
@@ -74,9 +59,8 @@ static inline __attribute__((always_inline)) uint16_t f32_to_bf16(float f) {
  * than copying source 0 into the block and adding source 1 in a second pass, for the common 2-rank case),
  * then each further source is folded in, then the block is stored to every destination. */
 #define DEF_KERNEL(NAME, T, A, LD, ST)                                                                   \
-    static inline __attribute__((always_inline)) void NAME(int op, const void *const *srcs, int n,        \
-                                                            void *const *dsts, int nd, size_t count,      \
-                                                            int fuse2) {                                  \
+    static inline ACC_AI void NAME(int op, const void *const *srcs, int n, void *const *dsts, int nd,    \
+                                   size_t count, int fuse2) {                                            \
         if (fuse2) { /* 2 sources, 1-2 destinations, sum/avg/sum_div: one pass, no block */                      \
             const T *x = (const T *)srcs[0], *y = (const T *)srcs[1];                                     \
             T *d0 = (T *)dsts[0], *d1 = (T *)dsts[nd - 1];                                                \
@@ -117,15 +101,15 @@ static inline __attribute__((always_inline)) uint16_t f32_to_bf16(float f) {
         }                                                                                                 \
     }
 
+/* conversions: fpconv.h. bf16 keeps a NaN's sign and payload (acc_f32_to_bf16_quiet), fp16 goes through the
+ * compiler's _Float16, whose F16C / soft-float conversions gcc vectorises (acc_f16n_*: fpconv.h's bits) */
 #define ID(x) (x)
-#define F16_LD(x) ((float)(x))
-#define F16_ST(x) ((_Float16)(x))
 DEF_KERNEL(k_f32, float, float, ID, ID)
 DEF_KERNEL(k_f64, double, double, ID, ID)
 DEF_KERNEL(k_i32, int32_t, int32_t, ID, ID)
 DEF_KERNEL(k_i64, int64_t, int64_t, ID, ID)
-DEF_KERNEL(k_bf16, uint16_t, float, bf16_to_f32, f32_to_bf16)
-DEF_KERNEL(k_f16, _Float16, float, F16_LD, F16_ST)
+DEF_KERNEL(k_bf16, uint16_t, float, acc_bf16_to_f32, acc_f32_to_bf16_quiet)
+DEF_KERNEL(k_f16, _Float16, float, acc_f16n_to_f32, acc_f32_to_f16n)
 
 #define DISPATCH_BODY                                                                                    \
     switch (dtype) {                                                                                      \
@@ -138,22 +122,15 @@ DEF_KERNEL(k_f16, _Float16, float, F16_LD, F16_ST)
     default: break;                                                                                       \
     }
 
-static void reduce_scalar(acc_dtype dtype, int op, const void *const *srcs, int n, void *const *dsts, int nd,
-                          size_t count, int fuse2) {
+/* ISA is unused: each instance is the same C, vectorised by the compiler for its target */
+static inline ACC_AI int reduce_impl(acc_dtype dtype, int op, const void *const *srcs, int n, void *const *dsts,
+                                     int nd, size_t count, int fuse2, const int ISA) {
     DISPATCH_BODY
+    return 0;
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void reduce_avx2(acc_dtype dtype, int op, const void *const *srcs,
-                                                                 int n, void *const *dsts, int nd, size_t count,
-                                                                 int fuse2) {
-    DISPATCH_BODY
-}
-
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"))) static void
-reduce_avx512(acc_dtype dtype, int op, const void *const *srcs, int n, void *const *dsts, int nd, size_t count,
-              int fuse2) {
-    DISPATCH_BODY
-}
+ACC_SIMD_INSTANCES(int, reduce, (acc_dtype dtype, int op, const void *const *srcs, int n, void *const *dsts, int nd,
+                                 size_t count, int fuse2), reduce_impl, dtype, op, srcs, n, dsts, nd, count, fuse2)
 
 int acc_reduce_supported(acc_dtype dtype, acc_redop op) {
     int is_float = dtype == ACC_F32 || dtype == ACC_F64 || dtype == ACC_BF16 || dtype == ACC_F16;
@@ -185,10 +162,6 @@ acc_status acc_reduce_n(acc_dtype dtype, acc_redop op, const void *const *srcs, 
     if (nsrc < 1 || count == 0) return ACC_OK;
     int fuse2 = nsrc == 2 && ndst >= 1 && ndst <= 2 && op != ACC_RED_MAX && op != ACC_RED_MIN &&
                 exact_or_disjoint(srcs, nsrc, dsts, ndst, count * acc_dtype_size(dtype));
-    switch (acc_simd_level_get()) {
-    case ACC_SIMD_AVX512: reduce_avx512(dtype, op, srcs, nsrc, dsts, ndst, count, fuse2); break;
-    case ACC_SIMD_AVX2: reduce_avx2(dtype, op, srcs, nsrc, dsts, ndst, count, fuse2); break;
-    default: reduce_scalar(dtype, op, srcs, nsrc, dsts, ndst, count, fuse2); break;
-    }
+    (void)ACC_SIMD_CALL(acc_simd_level_get(), reduce, dtype, op, srcs, nsrc, dsts, ndst, count, fuse2);
     return ACC_OK;
 }

@@ -2,8 +2,9 @@
  * synchronisation primitives (arrive / wait with spin-then-futex, deadlines, peer liveness, abort).
  * Not for: the collectives themselves (shm_coll.c) or the reduction math (shm_reduce.c).
  *
- * Waiting: spin for ACCELERATE_C_SHM_SPIN_US (default 50 us; between the phases of one collective, when
- * the peer is known to be mid-call, ACCELERATE_C_SHM_INNER_SPIN_US, default 1000 us) re-reading the peer's phase word (pause for
+ * Waiting: spin for the option shm_spin_us (options.h, taken when the group opens; default 50 us; between the
+ * phases of one collective, when the peer is known to be mid-call, shm_inner_spin_us, default 1000 us)
+ * re-reading the peer's phase word (pause for
  * ~2 us, then sched_yield between reads so a peer sharing this core can run), then
  * sleep in a process-shared FUTEX_WAIT on it in slices of <= 50 ms, so a waiting rank gives its core
  * back to the peer's compute (2-core boxes). The waker only pays the FUTEX_WAKE syscall when the
@@ -25,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "options.h"
 #include "shm_internal.h"
 
 #define DEFAULT_SMALL (64u << 10)
@@ -199,6 +201,11 @@ static acc_status size_segment(int fd, const char *what, const char *name, size_
     return ACC_OK;
 }
 
+void acc_shm_group_spin_us(const acc_shm_group *g, long *spin_us, long *inner_spin_us) {
+    *spin_us = g->spin_ns / 1000L;
+    *inner_spin_us = g->inner_spin_ns / 1000L;
+}
+
 acc_status acc_shm_group_open(const char *name, int create, int rank, int nranks, size_t small_bytes,
                               size_t chunk_bytes, double timeout_s, acc_shm_group **out) {
     *out = NULL;
@@ -217,10 +224,10 @@ acc_status acc_shm_group_open(const char *name, int create, int rank, int nranks
     g->nranks = nranks;
     g->owner_pid = (int)getpid();
     g->timeout_s = timeout_s > 0 ? timeout_s : 1800.0;
-    const char *spin = getenv("ACCELERATE_C_SHM_SPIN_US");
-    g->spin_ns = (spin ? atol(spin) : 50) * 1000L;
-    spin = getenv("ACCELERATE_C_SHM_INNER_SPIN_US");
-    g->inner_spin_ns = (spin ? atol(spin) : 1000) * 1000L;
+    acc_options opt; /* the spin budgets current now (options.h) */
+    acc_options_get(&opt);
+    g->spin_ns = opt.shm_spin_us * 1000L;
+    g->inner_spin_ns = opt.shm_inner_spin_us * 1000L;
     int fd;
     size_t data_off = 4096 + round_up(sizeof(shm_slot) * (size_t)nranks, 4096);
     size_t stride = 2 * small_bytes + 2 * chunk_bytes;

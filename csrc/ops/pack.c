@@ -5,8 +5,8 @@
 #include <string.h>
 
 #include "acc.h"
-#include "kernels/cast.h"
-#include "kernels/pack.h"
+#include "ops/cast.h"
+#include "ops/pack.h"
 #include "parallel.h"
 
 /* Threads are created per call (~30-50 us each) while one thread copies an in-cache unit at ~100 GB/s (a 3M-element

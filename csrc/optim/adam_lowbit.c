@@ -4,13 +4,13 @@
  * The 8-bit path works a block of ACC_QBLOCK elements at a time: the updated fp32 m and v stay in an L1 buffer
  * until the block's new absmax is known, then are requantised; threads get whole blocks, so nothing depends on
  * the thread count. DRAM traffic per parameter: fp32 grad 4 + param 4+4 + state 2+2 (8-bit) or 4+4 (bf16).
- * Not for: fp32 state or amsgrad (adam.c), Python, state allocation. */
+ * Not for: fp32 state or amsgrad (adam.c; bind_optim.c splits a call between the two), Python, state allocation. */
 #pragma GCC optimize("fp-contract=off")
 #include <math.h>
 #include <stdlib.h>
 
 #include "adam.h"
-#include "cpu.h"
+#include "simd.h"
 #include "optim_simd.h"
 #include "qmap.h"
 
@@ -47,22 +47,12 @@ static inline float lb_update1(const acc_adam_scalars *c, float g, float *p, flo
 
 static void q8_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
     const lowbit_item *t = ((const lowbit_item *const *)ctx)[seg];
-#ifdef ACC_OPTIM_X86
-    acc_simd_level lvl = acc_simd_level_get();
-    if (lvl == ACC_SIMD_AVX512) { adam_q8_blocks_avx512(t, lo, hi); return; }
-    if (lvl == ACC_SIMD_AVX2) { adam_q8_blocks_avx2(t, lo, hi); return; }
-#endif
-    adam_q8_blocks_scalar(t, lo, hi);
+    ACC_SIMD_CALL(acc_simd_level_get(), adam_q8_blocks, t, lo, hi);
 }
 
 static void bf16s_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
     const lowbit_item *t = ((const lowbit_item *const *)ctx)[seg];
-#ifdef ACC_OPTIM_X86
-    acc_simd_level lvl = acc_simd_level_get();
-    if (lvl == ACC_SIMD_AVX512) { adam_bf16s_range_avx512(t, lo, hi); return; }
-    if (lvl == ACC_SIMD_AVX2) { adam_bf16s_range_avx2(t, lo, hi); return; }
-#endif
-    adam_bf16s_range_scalar(t, lo, hi);
+    ACC_SIMD_CALL(acc_simd_level_get(), adam_bf16s_range, t, lo, hi);
 }
 
 static acc_status check(size_t k, const acc_adam_tensor *x) {
@@ -88,7 +78,8 @@ static acc_status check(size_t k, const acc_adam_tensor *x) {
 acc_status acc_adam_lowbit_step(const acc_adam_config *cfg, const acc_adam_tensor *const *ts, size_t nt,
                                 int nthreads) {
     for (size_t k = 0; k < nt; k++) {
-        acc_status st = check(k, ts[k]);
+        acc_status st = acc_adam_check_tensor(cfg, k, ts[k]);
+        if (!st) st = check(k, ts[k]);
         if (st) return st;
     }
     lowbit_item *items = (lowbit_item *)calloc(nt ? nt : 1, sizeof(lowbit_item));

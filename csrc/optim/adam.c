@@ -1,12 +1,14 @@
-/* adam.c: fused Adam/AdamW step (see adam.h): per-tensor scalars in double, then one parallel pass over
- * all tensors with the best SIMD path. fp-contract is off so the scalar path never fuses a*b+c behind our
- * back: all three paths give identical bits. Not for: Python, state allocation, the non-finite pre-check. */
+/* adam.c: fused Adam/AdamW step over fp32 state (see adam.h): per-tensor scalars in double, then one parallel
+ * pass over all tensors with the best SIMD path. fp-contract is off so the scalar path never fuses a*b+c behind
+ * our back: all three paths give identical bits. Also the argument checks and the per-tensor scalars that
+ * adam_lowbit.c shares. Not for: Python, state allocation, the non-finite pre-check, low-precision state
+ * (adam_lowbit.c; bind_optim.c splits a call between the two). */
 #pragma GCC optimize("fp-contract=off")
 #include <math.h>
 #include <stdlib.h>
 
 #include "adam.h"
-#include "cpu.h"
+#include "simd.h"
 #include "optim_simd.h"
 
 typedef struct {
@@ -23,12 +25,7 @@ typedef struct {
 
 static void adam_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
     const adam_item *t = (const adam_item *)ctx + seg;
-#ifdef ACC_OPTIM_X86
-    acc_simd_level lvl = acc_simd_level_get();
-    if (lvl == ACC_SIMD_AVX512) { adam_range_avx512(t, lo, hi); return; }
-    if (lvl == ACC_SIMD_AVX2) { adam_range_avx2(t, lo, hi); return; }
-#endif
-    adam_range_scalar(t, lo, hi);
+    ACC_SIMD_CALL(acc_simd_level_get(), adam_range, t, lo, hi);
 }
 
 void acc_adam_scalars_for(const acc_adam_config *cfg, double step, acc_adam_scalars *c) {
@@ -51,46 +48,41 @@ void acc_adam_scalars_for(const acc_adam_config *cfg, double step, acc_adam_scal
     };
 }
 
+acc_status acc_adam_check_tensor(const acc_adam_config *cfg, size_t k, const acc_adam_tensor *x) {
+    acc_status st = acc_optim_check_dtypes(k, x->grad_dtype, x->lp_out, x->lp_dtype);
+    if (st) return st;
+    if (cfg->amsgrad && (!x->max_exp_avg_sq || x->state_dtype != ACC_F32)) {
+        acc_set_error("tensor %zu: amsgrad needs max_exp_avg_sq and float32 state", k);
+        return ACC_ERR_ARG;
+    }
+    if (x->n && (!x->param || !x->grad || !x->exp_avg || !x->exp_avg_sq)) {
+        acc_set_error("tensor %zu: missing buffer", k);
+        return ACC_ERR_ARG;
+    }
+    if (!(x->step >= 1)) {
+        acc_set_error("tensor %zu: step must be >= 1 (got %g)", k, x->step);
+        return ACC_ERR_ARG;
+    }
+    return ACC_OK;
+}
+
+acc_status acc_adam_check(const acc_adam_config *cfg, const acc_adam_tensor *ts, size_t nt) {
+    for (size_t k = 0; k < nt; k++) {
+        acc_status st = acc_adam_check_tensor(cfg, k, &ts[k]);
+        if (st) return st;
+    }
+    return ACC_OK;
+}
+
 acc_status acc_adam_step(const acc_adam_config *cfg, const acc_adam_tensor *ts, size_t nt, int nthreads) {
     if (nt == 0) return ACC_OK;
-    for (size_t k = 0; k < nt; k++) {
-        const acc_adam_tensor *x = &ts[k];
-        acc_status st = acc_optim_check_dtypes(k, x->grad_dtype, x->lp_out, x->lp_dtype);
-        if (st) return st;
-        if (cfg->amsgrad && (!x->max_exp_avg_sq || x->state_dtype != ACC_F32)) {
-            acc_set_error("tensor %zu: amsgrad needs max_exp_avg_sq and float32 state", k);
-            return ACC_ERR_ARG;
+    acc_status st = acc_adam_check(cfg, ts, nt);
+    if (st) return st;
+    for (size_t k = 0; k < nt; k++)
+        if (ts[k].state_dtype != ACC_F32) {
+            acc_set_error("tensor %zu: state dtype %s is acc_adam_lowbit_step's", k, acc_dtype_name(ts[k].state_dtype));
+            return ACC_ERR_DTYPE;
         }
-        if (x->n && (!x->param || !x->grad || !x->exp_avg || !x->exp_avg_sq)) {
-            acc_set_error("tensor %zu: missing buffer", k);
-            return ACC_ERR_ARG;
-        }
-        if (!(x->step >= 1)) {
-            acc_set_error("tensor %zu: step must be >= 1 (got %g)", k, x->step);
-            return ACC_ERR_ARG;
-        }
-    }
-    size_t nlow = 0;
-    for (size_t k = 0; k < nt; k++) nlow += ts[k].state_dtype != ACC_F32;
-    if (nlow) { /* low-precision tensors go to adam_lowbit.c (it checks its own before touching memory) */
-        const acc_adam_tensor **low = (const acc_adam_tensor **)malloc(nlow * sizeof(*low));
-        acc_adam_tensor *rest = (acc_adam_tensor *)malloc((nt - nlow + 1) * sizeof(*rest));
-        if (!low || !rest) {
-            free(low);
-            free(rest);
-            return ACC_ERR_NOMEM;
-        }
-        size_t a = 0, b = 0;
-        for (size_t k = 0; k < nt; k++) {
-            if (ts[k].state_dtype != ACC_F32) low[a++] = &ts[k];
-            else rest[b++] = ts[k];
-        }
-        acc_status st = acc_adam_lowbit_step(cfg, low, nlow, nthreads);
-        if (st == ACC_OK && b) st = acc_adam_step(cfg, rest, b, nthreads);
-        free(low);
-        free(rest);
-        return st;
-    }
     adam_item *items = (adam_item *)calloc(nt, sizeof(adam_item));
     size_t *ns = (size_t *)malloc(nt * sizeof(size_t));
     if (!items || !ns) {
@@ -116,7 +108,7 @@ acc_status acc_adam_step(const acc_adam_config *cfg, const acc_adam_tensor *ts, 
         lp_total += x->lp_out ? x->n : 0;
     }
     for (size_t k = 0; k < nt; k++) items[k].nt = lp_total >= ACC_OPTIM_NT_MIN;
-    acc_status st = acc_segments_parallel(ns, nt, nthreads, adam_seg, items);
+    st = acc_segments_parallel(ns, nt, nthreads, adam_seg, items);
     free(items);
     free(ns);
     return st;

@@ -1,7 +1,7 @@
 /* qmap.h: the definitions of the low-precision optimizer state: the 8-bit block-wise dynamic quantisation
  * (Dettmers et al., "8-bit Optimizers via Block-wise Quantization"): its code maps, the exact fp32 operations
  * that define quantise and dequantise, the block-level entry points; and the random bits of the bf16 state's
- * stochastic rounding. Every SIMD path (kernels/lowbit_ops.inc) must give these functions' bits.
+ * stochastic rounding. Every SIMD path (optim/lowbit_ops.inc) must give these functions' bits.
  * Not for: the Adam update itself (adam_lowbit.c) or Python.
  *
  * Blocks: a state tensor is cut into blocks of ACC_QBLOCK elements (the last may be shorter); each block stores

@@ -1,5 +1,7 @@
 /* cast.c: the CPU implementation of acc_cast (cast.h): scalar, AVX2 and AVX-512 paths chosen at run time,
  * all producing the bits of the scalar reference in fpconv.h, split over threads by acc_parallel_for.
+ * The conversions themselves (scalar and vector) are fpconv.h's; this file adds loads, stores, amax and the
+ * loop layout, as the triple range_scalar / range_avx2 / range_avx512 (simd.h).
  * Not for: strided inputs, other rounding modes, or Python.
  *
  * Layout of one chunk [b, e) (every path): a scalar prologue until the destination is 64-byte aligned,
@@ -11,20 +13,17 @@
  * Each loop body is an always-inline function of constant (src dtype, dst dtype, has scale, has amax)
  * arguments, instantiated for all 60 combinations per ISA by the DISPATCH macro, so the inner loops carry
  * no per-element branches on dtype. */
-#include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
 #include "acc.h"
-#include "cpu.h"
-#include "kernels/cast.h"
-#include "kernels/fpconv.h"
+#include "fpconv.h"
+#include "ops/cast.h"
+#include "options.h"
 #include "parallel.h"
+#include "simd.h"
 
-#define AI __attribute__((always_inline))
-#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
-#define T256 __attribute__((target("avx2,fma,f16c")))
 #define MIN_PER_THREAD ((size_t)1 << 20) /* threads are created per call (~30-50 us each): give each >= 1M elements */
 
 typedef struct {
@@ -40,18 +39,18 @@ typedef struct {
 
 /* ---- scalar element (the reference every path uses for prologues and tails) -------------------------- */
 
-static inline AI uint32_t mag_key(const void *src, size_t i, const int S) {
+static inline ACC_AI uint32_t mag_key(const void *src, size_t i, const int S) {
     if (S == ACC_F32) return ((const uint32_t *)src)[i] & 0x7fffffffu;
     return ((const uint16_t *)src)[i] & 0x7fffu;
 }
 
-static inline AI float load1(const void *src, size_t i, const int S) {
+static inline ACC_AI float load1(const void *src, size_t i, const int S) {
     if (S == ACC_F32) return ((const float *)src)[i];
     if (S == ACC_BF16) return acc_bf16_to_f32(((const uint16_t *)src)[i]);
     return acc_f16_to_f32(((const uint16_t *)src)[i]);
 }
 
-static inline AI void store1(void *dst, size_t i, float v, const int D, uint16_t nan16) {
+static inline ACC_AI void store1(void *dst, size_t i, float v, const int D, uint16_t nan16) {
     switch (D) {
     case ACC_F32: ((float *)dst)[i] = v; break;
     case ACC_BF16: ((uint16_t *)dst)[i] = acc_f32_to_bf16(v, nan16); break;
@@ -65,7 +64,7 @@ static inline AI void store1(void *dst, size_t i, float v, const int D, uint16_t
  * other route to bf16 goes through the vectorised fp32 -> bf16 trick, whose NaN is 0xFFFF. */
 #define NAN16(S, HS) ((uint16_t)(((S) == ACC_F16 && !(HS)) ? 0x7fc0 : 0xffff))
 
-static inline AI uint32_t scalar_part(const cast_ctx *c, size_t b, size_t e, const int S, const int D,
+static inline ACC_AI uint32_t scalar_part(const cast_ctx *c, size_t b, size_t e, const int S, const int D,
                                       const int HS, const int HA, uint32_t key) {
     const uint16_t nan16 = NAN16(S, HS);
     for (size_t i = b; i < e; i++) {
@@ -89,14 +88,15 @@ static inline size_t align_prologue(const void *dst, size_t i, size_t e, size_t 
     return pro > e - i ? e - i : pro;
 }
 
-static inline AI uint32_t body_scalar(const cast_ctx *c, size_t b, size_t e, const int S, const int D, const int HS,
+static inline ACC_AI uint32_t body_scalar(const cast_ctx *c, size_t b, size_t e, const int S, const int D, const int HS,
                                       const int HA) {
     return scalar_part(c, b, e, S, D, HS, HA, 0);
 }
 
-/* ---- AVX-512 ------------------------------------------------------------------------------------------- */
+/* ---- AVX-512 (conversions: fpconv.h) ------------------------------------------------------------------ */
 
-static inline AI T512 __m512 ld512(const void *src, size_t i, const int S, const int HA, __m512i *key) {
+static inline ACC_AI ACC_TARGET_AVX512 __m512 ld512(const void *src, size_t i, const int S, const int HA,
+                                                    __m512i *key) {
     if (S == ACC_F32) {
         __m512 v = _mm512_loadu_ps((const float *)src + i);
         if (HA) *key = _mm512_max_epu32(*key, _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff)));
@@ -104,33 +104,11 @@ static inline AI T512 __m512 ld512(const void *src, size_t i, const int S, const
     }
     __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)src + i));
     if (HA) *key = _mm512_max_epu32(*key, _mm512_and_si512(_mm512_cvtepu16_epi32(raw), _mm512_set1_epi32(0x7fff)));
-    if (S == ACC_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-    return _mm512_cvtph_ps(raw);
+    if (S == ACC_BF16) return acc_bf16x16_to_f32(raw);
+    return acc_f16x16_to_f32(raw);
 }
 
-/* saturating fp32 -> float8 of 16 lanes, as 16 bytes (see acc_f32_to_e4m3 / acc_f32_to_e5m2) */
-static inline AI T512 __m128i fp8_512(__m512 v, const int D) {
-    const int e4 = D == ACC_E4M3;
-    const int sh = e4 ? 20 : 21;
-    const uint32_t maxb = e4 ? 0x43e00000u : 0x47600000u, minn = e4 ? 0x3c800000u : 0x38800000u;
-    const uint32_t adj = (uint32_t)0 - ((e4 ? 120u : 112u) << 23) + ((1u << (sh - 1)) - 1);
-    const float k = e4 ? 0x1p9f : 0x1p16f;
-    __m512i u = _mm512_castps_si512(v), a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-    __m512i s = _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80));
-    __mmask16 nan = _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(0x7f800000));
-    __mmask16 sat = _mm512_cmpge_epi32_mask(a, _mm512_set1_epi32((int)maxb));
-    __mmask16 sub = _mm512_cmplt_epi32_mask(a, _mm512_set1_epi32((int)minn));
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(a, sh), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32((int)adj)), odd), sh);
-    __m512 scaled = _mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(k)); /* exact: power of two */
-    __m512i q = _mm512_cvt_roundps_epi32(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r = _mm512_mask_mov_epi32(r, sub, q);
-    r = _mm512_mask_mov_epi32(r, sat, _mm512_set1_epi32(e4 ? 0x7e : 0x7b));
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7f));
-    return _mm512_cvtepi32_epi8(_mm512_or_si512(r, s));
-}
-
-static inline AI T512 void st512(void *dst, size_t i, __m512 v, const int D, uint16_t nan16, int nt) {
+static inline ACC_AI ACC_TARGET_AVX512 void st512(void *dst, size_t i, __m512 v, const int D, uint16_t nan16, int nt) {
     if (D == ACC_F32) {
         if (nt) _mm512_stream_ps((float *)dst + i, v);
         else _mm512_storeu_ps((float *)dst + i, v);
@@ -138,30 +116,21 @@ static inline AI T512 void st512(void *dst, size_t i, __m512 v, const int D, uin
     }
     if (D == ACC_BF16 || D == ACC_F16) {
         __m256i h;
-        if (D == ACC_F16) {
-            h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        } else {
-            __m512i u = _mm512_castps_si512(v);
-            __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                    _mm512_set1_epi32(0x7f800000));
-            __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-            __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
-            r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(nan16));
-            h = _mm512_cvtepi32_epi16(r);
-        }
+        if (D == ACC_F16) h = acc_f32x16_to_f16(v);
+        else h = acc_f32x16_to_bf16(v, nan16);
         __m256i *p = (__m256i *)((uint16_t *)dst + i);
         if (nt) _mm256_stream_si256(p, h);
         else _mm256_storeu_si256(p, h);
         return;
     }
-    __m128i b = fp8_512(v, D);
+    __m128i b = acc_f32x16_to_fp8(v, D == ACC_E4M3);
     __m128i *p = (__m128i *)((uint8_t *)dst + i);
     if (nt) _mm_stream_si128(p, b);
     else _mm_storeu_si128(p, b);
 }
 
-static inline AI T512 uint32_t body512(const cast_ctx *c, size_t b, size_t e, const int S, const int D, const int HS,
-                                       const int HA) {
+static inline ACC_AI ACC_TARGET_AVX512 uint32_t body512(const cast_ctx *c, size_t b, size_t e, const int S, const int D,
+                                                        const int HS, const int HA) {
     const uint16_t nan16 = NAN16(S, HS);
     size_t i = b + align_prologue(c->dst, b, e, dsize(D));
     uint32_t key = scalar_part(c, b, i, S, D, HS, HA, 0);
@@ -183,7 +152,7 @@ static inline AI T512 uint32_t body512(const cast_ctx *c, size_t b, size_t e, co
 
 /* ---- AVX2 (8 lanes; the loop handles 16 elements per step so the fp8 output is one 16-byte store) ------ */
 
-static inline AI T256 __m256 ld256(const void *src, size_t i, const int S, const int HA, __m256i *key) {
+static inline ACC_AI ACC_TARGET_AVX2 __m256 ld256(const void *src, size_t i, const int S, const int HA, __m256i *key) {
     if (S == ACC_F32) {
         __m256 v = _mm256_loadu_ps((const float *)src + i);
         if (HA) *key = _mm256_max_epu32(*key, _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7fffffff)));
@@ -191,75 +160,43 @@ static inline AI T256 __m256 ld256(const void *src, size_t i, const int S, const
     }
     __m128i raw = _mm_loadu_si128((const __m128i *)((const uint16_t *)src + i));
     if (HA) *key = _mm256_max_epu32(*key, _mm256_and_si256(_mm256_cvtepu16_epi32(raw), _mm256_set1_epi32(0x7fff)));
-    if (S == ACC_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-    return _mm256_cvtph_ps(raw);
+    if (S == ACC_BF16) return acc_bf16x8_to_f32(raw);
+    return acc_f16x8_to_f32(raw);
 }
 
-static inline AI T256 __m256i sel256(__m256i a, __m256i b, __m256i m) { return _mm256_blendv_epi8(a, b, m); }
-
-/* fp32 -> float8 codes (0..255) in 32-bit lanes */
-static inline AI T256 __m256i fp8_256(__m256 v, const int D) {
-    const int e4 = D == ACC_E4M3;
-    const int sh = e4 ? 20 : 21;
-    const uint32_t maxb = e4 ? 0x43e00000u : 0x47600000u, minn = e4 ? 0x3c800000u : 0x38800000u;
-    const uint32_t adj = (uint32_t)0 - ((e4 ? 120u : 112u) << 23) + ((1u << (sh - 1)) - 1);
-    const float k = e4 ? 0x1p9f : 0x1p16f;
-    __m256i u = _mm256_castps_si256(v), a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-    __m256i s = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
-    __m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f800000));
-    __m256i sat = _mm256_cmpgt_epi32(a, _mm256_set1_epi32((int)maxb - 1));
-    __m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)minn), a);
-    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, sh), _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32((int)adj)), odd), sh);
-    __m256 scaled = _mm256_mul_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(k)); /* exact: power of two */
-    __m256i q = _mm256_cvttps_epi32(_mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    r = sel256(r, q, sub);
-    r = sel256(r, _mm256_set1_epi32(e4 ? 0x7e : 0x7b), sat);
-    r = sel256(r, _mm256_set1_epi32(0x7f), nan);
-    return _mm256_or_si256(r, s);
-}
-
-static inline AI T256 __m128i bf16_256(__m256 v, uint16_t nan16) {
-    __m256i u = _mm256_castps_si256(v);
-    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
-    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
-    r = sel256(r, _mm256_set1_epi32(nan16), nan);
-    /* 8 x u32 (each <= 0xFFFF) -> 8 x u16 in order */
-    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
-}
-
-static inline AI T256 void st128(void *p, __m128i v, int nt) {
+static inline ACC_AI ACC_TARGET_AVX2 void st128(void *p, __m128i v, int nt) {
     if (nt) _mm_stream_si128((__m128i *)p, v);
     else _mm_storeu_si128((__m128i *)p, v);
 }
 
-static inline AI T256 void st256x2(void *dst, size_t i, __m256 v0, __m256 v1, const int D, uint16_t nan16, int nt) {
+static inline ACC_AI ACC_TARGET_AVX2 void st256x2(void *dst, size_t i, __m256 v0, __m256 v1, const int D, uint16_t nan16,
+                                                  int nt) {
     if (D == ACC_F32) {
         float *p = (float *)dst + i;
         if (nt) { _mm256_stream_ps(p, v0); _mm256_stream_ps(p + 8, v1); }
         else { _mm256_storeu_ps(p, v0); _mm256_storeu_ps(p + 8, v1); }
     } else if (D == ACC_F16) {
         uint16_t *p = (uint16_t *)dst + i;
-        st128(p, _mm256_cvtps_ph(v0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), nt);
-        st128(p + 8, _mm256_cvtps_ph(v1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), nt);
+        st128(p, acc_f32x8_to_f16(v0), nt);
+        st128(p + 8, acc_f32x8_to_f16(v1), nt);
     } else if (D == ACC_BF16) {
         uint16_t *p = (uint16_t *)dst + i;
-        st128(p, bf16_256(v0, nan16), nt);
-        st128(p + 8, bf16_256(v1, nan16), nt);
+        st128(p, acc_f32x8_to_bf16(v0, nan16), nt);
+        st128(p + 8, acc_f32x8_to_bf16(v1, nan16), nt);
     } else {
         /* two vectors a, b of byte codes in 32-bit lanes -> 16 bytes in order. packus works within 128-bit
          * lanes, so after the two packs the dwords are [a0-3, b0-3, ..] | [a4-7, b4-7, ..]; the permute
          * picks dwords 0, 4, 1, 5 = a0-3, a4-7, b0-3, b4-7. */
-        __m256i p16 = _mm256_packus_epi32(fp8_256(v0, D), fp8_256(v1, D));
+        const int e4 = D == ACC_E4M3;
+        __m256i p16 = _mm256_packus_epi32(acc_f32x8_to_fp8_lanes(v0, e4), acc_f32x8_to_fp8_lanes(v1, e4));
         __m256i p8 = _mm256_packus_epi16(p16, p16);
         __m256i ord = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         st128((uint8_t *)dst + i, _mm256_castsi256_si128(ord), nt);
     }
 }
 
-static inline AI T256 uint32_t body256(const cast_ctx *c, size_t b, size_t e, const int S, const int D, const int HS,
-                                       const int HA) {
+static inline ACC_AI ACC_TARGET_AVX2 uint32_t body256(const cast_ctx *c, size_t b, size_t e, const int S, const int D,
+                                                      const int HS, const int HA) {
     const uint16_t nan16 = NAN16(S, HS);
     size_t i = b + align_prologue(c->dst, b, e, dsize(D));
     uint32_t key = scalar_part(c, b, i, S, D, HS, HA, 0);
@@ -305,8 +242,8 @@ static inline AI T256 uint32_t body256(const cast_ctx *c, size_t b, size_t e, co
     }
 
 static uint32_t range_scalar(const cast_ctx *c, size_t b, size_t e) { DISPATCH(body_scalar) }
-static T256 uint32_t range_avx2(const cast_ctx *c, size_t b, size_t e) { DISPATCH(body256) }
-static T512 uint32_t range_avx512(const cast_ctx *c, size_t b, size_t e) { DISPATCH(body512) }
+static ACC_TARGET_AVX2 uint32_t range_avx2(const cast_ctx *c, size_t b, size_t e) { DISPATCH(body256) }
+static ACC_TARGET_AVX512 uint32_t range_avx512(const cast_ctx *c, size_t b, size_t e) { DISPATCH(body512) }
 
 /* Same dtype, no scale: a copy (keeps every bit, NaN payloads included) plus the amax scan, done in
  * L1-sized blocks so the data is read from memory once. */
@@ -316,8 +253,10 @@ static uint32_t scan_key_scalar(const void *p, size_t n, int s32) {
     else for (size_t i = 0; i < n; i++) { uint32_t k = ((const uint16_t *)p)[i] & 0x7fffu; key = k > key ? k : key; }
     return key;
 }
-static T256 uint32_t scan_key_avx2(const void *p, size_t n, int s32) { return scan_key_scalar(p, n, s32); }
-static T512 uint32_t scan_key_avx512(const void *p, size_t n, int s32) { return scan_key_scalar(p, n, s32); }
+static ACC_TARGET_AVX2 uint32_t scan_key_avx2(const void *p, size_t n, int s32) { return scan_key_scalar(p, n, s32); }
+static ACC_TARGET_AVX512 uint32_t scan_key_avx512(const void *p, size_t n, int s32) {
+    return scan_key_scalar(p, n, s32);
+}
 
 static uint32_t copy_range(const cast_ctx *c, size_t b, size_t e) {
     const size_t es = dsize(c->sd), blk = 8192 / es;
@@ -328,9 +267,7 @@ static uint32_t copy_range(const cast_ctx *c, size_t b, size_t e) {
         size_t m = e - i < blk ? e - i : blk;
         if (d != s) memcpy(d + i * es, s + i * es, m * es);
         if (c->has_amax) {
-            uint32_t k = c->level == ACC_SIMD_AVX512 ? scan_key_avx512(s + i * es, m, es == 4)
-                         : c->level == ACC_SIMD_AVX2 ? scan_key_avx2(s + i * es, m, es == 4)
-                                                     : scan_key_scalar(s + i * es, m, es == 4);
+            uint32_t k = ACC_SIMD_CALL(c->level, scan_key, s + i * es, m, es == 4);
             key = k > key ? k : key;
         }
     }
@@ -341,9 +278,7 @@ static int cast_chunk(void *ctx, size_t b, size_t e, int chunk) {
     cast_ctx *c = (cast_ctx *)ctx;
     uint32_t key;
     if (c->sd == c->dd && !c->has_scale) key = copy_range(c, b, e);
-    else if (c->level == ACC_SIMD_AVX512) key = range_avx512(c, b, e);
-    else if (c->level == ACC_SIMD_AVX2) key = range_avx2(c, b, e);
-    else key = range_scalar(c, b, e);
+    else key = ACC_SIMD_CALL(c->level, range, c, b, e);
     c->key[chunk] = key;
     return 0;
 }
@@ -371,22 +306,14 @@ void acc_cast_span(const void *src, acc_dtype src_dtype, void *dst, acc_dtype ds
  * which on the 2-core VM runs at ~1 GB/s, slower than the cast itself. With transparent huge pages in
  * "madvise" mode, MADV_HUGEPAGE on the 2 MiB-aligned interior of the output cuts that to one fault per
  * 2 MiB (measured 4-10x faster first touch on a fresh box) but, when memory is fragmented, the kernel
- * compacts on fault and a 1 GiB first touch took 0.25-5.5 s instead of ~1 s. So it is opt-in:
- * ACCELERATE_C_CAST_THP=1. Only advice: failure is ignored and the bits are unaffected. The real fix is to
- * reuse outputs (ops.cast(..., out=)). */
-static int thp_wanted(void) {
-    static int w = -1;
-    if (w < 0) {
-        const char *env = getenv("ACCELERATE_C_CAST_THP");
-        w = env && env[0] == '1';
-    }
-    return w;
-}
-
+ * compacts on fault and a 1 GiB first touch took 0.25-5.5 s instead of ~1 s. So it is opt-in: the option
+ * cast_thp (options.h; _C.set_options(cast_thp=True), which accelerate_c sets from ACCELERATE_C_CAST_THP=1).
+ * Only advice: failure is ignored and the bits are unaffected. The real fix is to reuse outputs
+ * (ops.cast(..., out=)). */
 static void advise_huge(void *dst, size_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     const uintptr_t huge = (uintptr_t)2 << 20;
-    if (bytes < 2 * huge || !thp_wanted()) return;
+    if (bytes < 2 * huge || !acc_options_cast_thp()) return;
     uintptr_t a = ((uintptr_t)dst + huge - 1) & ~(huge - 1), e = ((uintptr_t)dst + bytes) & ~(huge - 1);
     if (e > a) (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
 #else

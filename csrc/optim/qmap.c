@@ -5,7 +5,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "cpu.h"
+#include "simd.h"
 #include "optim_simd.h"
 #include "qmap.h"
 
@@ -61,22 +61,12 @@ typedef struct {
 
 static void q_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
     const qconv *c = (const qconv *)ctx;
-#ifdef ACC_OPTIM_X86
-    acc_simd_level lvl = acc_simd_level_get();
-    if (lvl == ACC_SIMD_AVX512) { quant_blocks_avx512(c, lo, hi); return; }
-    if (lvl == ACC_SIMD_AVX2) { quant_blocks_avx2(c, lo, hi); return; }
-#endif
-    quant_blocks_scalar(c, lo, hi);
+    ACC_SIMD_CALL(acc_simd_level_get(), quant_blocks, c, lo, hi);
 }
 
 static void dq_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
     const qconv *c = (const qconv *)ctx;
-#ifdef ACC_OPTIM_X86
-    acc_simd_level lvl = acc_simd_level_get();
-    if (lvl == ACC_SIMD_AVX512) { dequant_blocks_avx512(c, lo, hi); return; }
-    if (lvl == ACC_SIMD_AVX2) { dequant_blocks_avx2(c, lo, hi); return; }
-#endif
-    dequant_blocks_scalar(c, lo, hi);
+    ACC_SIMD_CALL(acc_simd_level_get(), dequant_blocks, c, lo, hi);
 }
 
 acc_status acc_quantize_blockwise(const float *x, size_t n, int is_signed, uint8_t *codes, float *absmax,

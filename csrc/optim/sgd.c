@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "cpu.h"
+#include "simd.h"
 #include "optim_simd.h"
 #include "sgd.h"
 
@@ -23,12 +23,7 @@ typedef struct {
 
 static void sgd_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
     const sgd_item *t = (const sgd_item *)ctx + seg;
-#ifdef ACC_OPTIM_X86
-    acc_simd_level lvl = acc_simd_level_get();
-    if (lvl == ACC_SIMD_AVX512) { sgd_range_avx512(t, lo, hi); return; }
-    if (lvl == ACC_SIMD_AVX2) { sgd_range_avx2(t, lo, hi); return; }
-#endif
-    sgd_range_scalar(t, lo, hi);
+    ACC_SIMD_CALL(acc_simd_level_get(), sgd_range, t, lo, hi);
 }
 
 acc_status acc_sgd_step(const acc_sgd_config *cfg, const acc_sgd_tensor *ts, size_t nt, int nthreads) {

@@ -6,20 +6,16 @@
  * are first widened to fp32 (bf16/fp16), so every kernel is an fp32 loop; the widening, the check and the
  * multiply are exact or single-rounding operations, so all SIMD levels give the same bits. Only the fp64
  * sum of squares differs in association between levels (documented in gradops.h). */
-#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "acc.h"
-#include "cpu.h"
-#include "kernels/fpconv.h"
-#include "kernels/gradops.h"
+#include "fpconv.h"
+#include "ops/gradops.h"
 #include "parallel.h"
+#include "simd.h"
 
-#define AI __attribute__((always_inline))
-#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
-#define T256 __attribute__((target("avx2,fma,f16c")))
 #define BLK 2048
 #define MIN_PER_THREAD ((size_t)1 << 20) /* threads are created per call: give each >= 1M elements */
 
@@ -39,22 +35,20 @@ typedef struct {
 /* ---- ISA-specific pieces (separate functions: intrinsics cannot be inlined into the scalar path) ------- */
 
 /* fp16 <-> fp32 with F16C, whole groups of 8; return how many elements were done */
-static T256 size_t widen_f16_f16c(const uint16_t *h, size_t m, float *tmp) {
+static ACC_TARGET_AVX2 size_t widen_f16_f16c(const uint16_t *h, size_t m, float *tmp) {
     size_t j = 0;
-    for (; j + 8 <= m; j += 8) _mm256_storeu_ps(tmp + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j))));
+    for (; j + 8 <= m; j += 8) _mm256_storeu_ps(tmp + j, acc_f16x8_to_f32(_mm_loadu_si128((const __m128i *)(h + j))));
     return j;
 }
 
-static T256 size_t narrow_f16_f16c(uint16_t *h, size_t m, const float *tmp) {
+static ACC_TARGET_AVX2 size_t narrow_f16_f16c(uint16_t *h, size_t m, const float *tmp) {
     size_t j = 0;
-    for (; j + 8 <= m; j += 8)
-        _mm_storeu_si128((__m128i *)(h + j),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(tmp + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; j + 8 <= m; j += 8) _mm_storeu_si128((__m128i *)(h + j), acc_f32x8_to_f16(_mm256_loadu_ps(tmp + j)));
     return j;
 }
 
 /* sum of squares in fp64 over whole vectors; returns elements done, adds the sum to *s */
-static T512 size_t sum_sq_avx512(const float *x, size_t m, double *s) {
+static ACC_TARGET_AVX512 size_t sum_sq_avx512(const float *x, size_t m, double *s) {
     __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
     size_t j = 0;
     for (; j + 16 <= m; j += 16) {
@@ -66,7 +60,7 @@ static T512 size_t sum_sq_avx512(const float *x, size_t m, double *s) {
     return j;
 }
 
-static T256 size_t sum_sq_avx2(const float *x, size_t m, double *s) {
+static ACC_TARGET_AVX2 size_t sum_sq_avx2(const float *x, size_t m, double *s) {
     __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
     size_t j = 0;
     for (; j + 8 <= m; j += 8) {
@@ -82,37 +76,33 @@ static T256 size_t sum_sq_avx2(const float *x, size_t m, double *s) {
 
 /* ---- per-block kernels, generic C instantiated per ISA (ISA: 0 scalar, 1 avx2, 2 avx512) ---------------- */
 
-static inline AI void widen(const void *data, acc_dtype dt, size_t i, size_t m, float *tmp, const int ISA) {
+static inline ACC_AI void widen(const void *data, acc_dtype dt, size_t i, size_t m, float *tmp, const int ISA) {
     const uint16_t *h = (const uint16_t *)data + i;
     if (dt == ACC_BF16) {
-        for (size_t j = 0; j < m; j++) tmp[j] = acc_u2f((uint32_t)h[j] << 16);
+        for (size_t j = 0; j < m; j++) tmp[j] = acc_bf16_to_f32(h[j]);
         return;
     }
     size_t j = ISA >= 1 ? widen_f16_f16c(h, m, tmp) : 0;
     for (; j < m; j++) tmp[j] = acc_f16_to_f32(h[j]);
 }
 
-static inline AI void narrow(void *data, acc_dtype dt, size_t i, size_t m, const float *tmp, const int ISA) {
+static inline ACC_AI void narrow(void *data, acc_dtype dt, size_t i, size_t m, const float *tmp, const int ISA) {
     uint16_t *h = (uint16_t *)data + i;
     if (dt == ACC_BF16) {
-        for (size_t j = 0; j < m; j++) {
-            uint32_t u = acc_f2u(tmp[j]);
-            uint32_t r = (u + 0x7fffu + ((u >> 16) & 1)) >> 16;
-            h[j] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? 0xffffu : r);
-        }
+        for (size_t j = 0; j < m; j++) h[j] = acc_f32_to_bf16(tmp[j], 0xffff); /* torch's vectorised NaN */
         return;
     }
     size_t j = ISA >= 1 ? narrow_f16_f16c(h, m, tmp) : 0;
     for (; j < m; j++) h[j] = acc_f32_to_f16(tmp[j]);
 }
 
-static inline AI int any_nonfinite(const float *x, size_t m) {
+static inline ACC_AI int any_nonfinite(const float *x, size_t m) {
     uint32_t bad = 0;
     for (size_t j = 0; j < m; j++) bad |= (acc_f2u(x[j]) & 0x7f800000u) == 0x7f800000u;
     return bad != 0;
 }
 
-static inline AI double sum_sq(const float *x, size_t m, const int ISA) {
+static inline ACC_AI double sum_sq(const float *x, size_t m, const int ISA) {
     double s = 0;
     size_t j = ISA == 2 ? sum_sq_avx512(x, m, &s) : ISA == 1 ? sum_sq_avx2(x, m, &s) : 0;
     double s0 = 0, s1 = 0;
@@ -124,7 +114,7 @@ static inline AI double sum_sq(const float *x, size_t m, const int ISA) {
     return s + (s0 + s1);
 }
 
-static inline AI double sum_abs(const float *x, size_t m) {
+static inline ACC_AI double sum_abs(const float *x, size_t m) {
     double s0 = 0, s1 = 0;
     size_t j = 0;
     for (; j + 2 <= m; j += 2) {
@@ -135,7 +125,7 @@ static inline AI double sum_abs(const float *x, size_t m) {
     return s0 + s1;
 }
 
-static inline AI uint32_t max_key(const float *x, size_t m) { /* |x| bits; NaN sorts above inf */
+static inline ACC_AI uint32_t max_key(const float *x, size_t m) { /* |x| bits; NaN sorts above inf */
     uint32_t k = 0;
     for (size_t j = 0; j < m; j++) {
         uint32_t a = acc_f2u(x[j]) & 0x7fffffffu;
@@ -145,8 +135,8 @@ static inline AI uint32_t max_key(const float *x, size_t m) { /* |x| bits; NaN s
 }
 
 /* One segment [lo, hi) of one buffer. Returns found (OP_SCALE) and accumulates into *acc (norms). */
-static inline AI int segment(const multi_ctx *c, const acc_buf *bf, size_t lo, size_t hi, double *acc, uint32_t *key,
-                             const int ISA) {
+static inline ACC_AI int segment(const multi_ctx *c, const acc_buf *bf, size_t lo, size_t hi, double *acc,
+                                 uint32_t *key, const int ISA) {
     float tmp[BLK];
     int found = 0;
     for (size_t i = lo; i < hi; i += BLK) {
@@ -174,7 +164,7 @@ static inline AI int segment(const multi_ctx *c, const acc_buf *bf, size_t lo, s
     return found;
 }
 
-static inline AI int chunk_impl(multi_ctx *c, size_t b, size_t e, int chunk, const int ISA) {
+static inline ACC_AI int chunk_impl(multi_ctx *c, size_t b, size_t e, int chunk, const int ISA) {
     /* first buffer whose range reaches past b (buffers may be empty) */
     size_t lo = 0, hi = c->nbufs;
     while (lo < hi) {
@@ -194,15 +184,11 @@ static inline AI int chunk_impl(multi_ctx *c, size_t b, size_t e, int chunk, con
     return 0;
 }
 
-static int chunk_scalar(multi_ctx *c, size_t b, size_t e, int k) { return chunk_impl(c, b, e, k, 0); }
-static T256 int chunk_avx2(multi_ctx *c, size_t b, size_t e, int k) { return chunk_impl(c, b, e, k, 1); }
-static T512 int chunk_avx512(multi_ctx *c, size_t b, size_t e, int k) { return chunk_impl(c, b, e, k, 2); }
+ACC_SIMD_INSTANCES(int, chunk, (multi_ctx *c, size_t b, size_t e, int k), chunk_impl, c, b, e, k)
 
 static int multi_chunk(void *ctx, size_t b, size_t e, int chunk) {
     multi_ctx *c = (multi_ctx *)ctx;
-    if (c->level == ACC_SIMD_AVX512) return chunk_avx512(c, b, e, chunk);
-    if (c->level == ACC_SIMD_AVX2) return chunk_avx2(c, b, e, chunk);
-    return chunk_scalar(c, b, e, chunk);
+    return ACC_SIMD_CALL(c->level, chunk, c, b, e, chunk);
 }
 
 static acc_status run(multi_ctx *c, const acc_buf *bufs, size_t nbufs, int nthreads, void *stream, int *chunks) {

@@ -2,14 +2,9 @@
  * Not for: the optimizer updates (adam.c, sgd.c). */
 #include <stdlib.h>
 
-#include "cpu.h"
 #include "optim_util.h"
 #include "parallel.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define ACC_X86 1
-#endif
+#include "simd.h"
 
 typedef struct {
     const size_t *ns;
@@ -71,18 +66,15 @@ static int nf_scalar(const void *g, acc_dtype dt, size_t lo, size_t hi, float sc
 }
 
 #ifdef ACC_X86
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
-static int nf_avx512(const void *g, acc_dtype dt, size_t lo, size_t hi, float scale) {
+ACC_TARGET_AVX512 static int nf_avx512(const void *g, acc_dtype dt, size_t lo, size_t hi, float scale) {
     const __m512 s = _mm512_set1_ps(scale);
     __mmask16 bad = 0;
     size_t i = lo;
     for (; i + 16 <= hi; i += 16) {
         __m512 x;
         if (dt == ACC_F32) x = _mm512_loadu_ps((const float *)g + i);
-        else if (dt == ACC_BF16)
-            x = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)g + i))), 16));
-        else x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)g + i)));
+        else if (dt == ACC_BF16) x = acc_bf16x16_to_f32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)g + i)));
+        else x = acc_f16x16_to_f32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)g + i)));
         x = _mm512_mul_ps(x, s);
         bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(x, x), _mm512_sub_ps(x, x), _CMP_UNORD_Q);
         if ((i & 4095) == 0 && bad) return 1;
@@ -90,18 +82,15 @@ static int nf_avx512(const void *g, acc_dtype dt, size_t lo, size_t hi, float sc
     return bad ? 1 : nf_scalar(g, dt, i, hi, scale);
 }
 
-__attribute__((target("avx2,fma,f16c")))
-static int nf_avx2(const void *g, acc_dtype dt, size_t lo, size_t hi, float scale) {
+ACC_TARGET_AVX2 static int nf_avx2(const void *g, acc_dtype dt, size_t lo, size_t hi, float scale) {
     const __m256 s = _mm256_set1_ps(scale);
     __m256 bad = _mm256_setzero_ps();
     size_t i = lo;
     for (; i + 8 <= hi; i += 8) {
         __m256 x;
         if (dt == ACC_F32) x = _mm256_loadu_ps((const float *)g + i);
-        else if (dt == ACC_BF16)
-            x = _mm256_castsi256_ps(_mm256_slli_epi32(
-                _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)g + i))), 16));
-        else x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)g + i)));
+        else if (dt == ACC_BF16) x = acc_bf16x8_to_f32(_mm_loadu_si128((const __m128i *)((const uint16_t *)g + i)));
+        else x = acc_f16x8_to_f32(_mm_loadu_si128((const __m128i *)((const uint16_t *)g + i)));
         x = _mm256_mul_ps(x, s);
         __m256 z = _mm256_sub_ps(x, x);
         bad = _mm256_or_ps(bad, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
@@ -113,15 +102,7 @@ static int nf_avx2(const void *g, acc_dtype dt, size_t lo, size_t hi, float scal
 static void nf_seg(void *vctx, size_t seg, size_t lo, size_t hi) {
     nf_ctx *c = (nf_ctx *)vctx;
     if (c->found) return;
-    int r;
-#ifdef ACC_X86
-    acc_simd_level lvl = acc_simd_level_get();
-    if (lvl == ACC_SIMD_AVX512) r = nf_avx512(c->grads[seg], c->dts[seg], lo, hi, c->scale);
-    else if (lvl == ACC_SIMD_AVX2) r = nf_avx2(c->grads[seg], c->dts[seg], lo, hi, c->scale);
-    else
-#endif
-        r = nf_scalar(c->grads[seg], c->dts[seg], lo, hi, c->scale);
-    if (r) c->found = 1;
+    if (ACC_SIMD_CALL(acc_simd_level_get(), nf, c->grads[seg], c->dts[seg], lo, hi, c->scale)) c->found = 1;
 }
 
 acc_status acc_grads_nonfinite(const void *const *grads, const acc_dtype *dts, const size_t *ns, size_t nseg,

@@ -14,7 +14,9 @@
  * full bit equality with torch is not attainable). Two divisions and one sqrt per element: measured in-cache
  * at ~5.6 Gparam/s per core (AVX-512), far above the DRAM-bound rate, so the exactness costs nothing. 
  * The same update with exp_avg/exp_avg_sq held in bf16 or in 8-bit block-wise codes is adam_lowbit.c's
- * (acc_adam_tensor.state_dtype); acc_adam_step dispatches each tensor to its path.
+ * (acc_adam_tensor.state_dtype): acc_adam_step takes fp32-state tensors only, acc_adam_lowbit_step the others,
+ * and the caller splits a mixed call (bind_optim.c: acc_adam_check over all, then the low-precision tensors,
+ * then the fp32 ones).
  * Not for: Python objects, the non-finite check (optim_util.h) or state allocation. */
 #ifndef ACC_ADAM_H
 #define ACC_ADAM_H
@@ -52,9 +54,15 @@ typedef struct {
                                tensor (LR schedulers with tensor lr): we round the same way */
 } acc_adam_config;
 
-/* Updates every tensor of ts[0..nt) on up to nthreads threads. The result does not depend on nthreads or
- * on the SIMD level. Checks arguments (dtypes, amsgrad buffers) before touching any memory. */
+/* Updates every tensor of ts[0..nt) (all with state_dtype ACC_F32) on up to nthreads threads. The result does
+ * not depend on nthreads or on the SIMD level. Checks arguments (dtypes, amsgrad buffers) before touching any
+ * memory. */
 acc_status acc_adam_step(const acc_adam_config *cfg, const acc_adam_tensor *ts, size_t nt, int nthreads);
+
+/* The checks every Adam tensor passes whatever its state (dtypes, amsgrad buffers, missing buffers, step >= 1),
+ * tensor k of a call; acc_adam_check runs them over ts[0..nt) and stops at the first failure (error text set). */
+acc_status acc_adam_check_tensor(const acc_adam_config *cfg, size_t k, const acc_adam_tensor *x);
+acc_status acc_adam_check(const acc_adam_config *cfg, const acc_adam_tensor *ts, size_t nt);
 
 /* The per-tensor float scalars of one update (shared by the fp32 and the low-precision paths, so both round
  * lr/bc1, sqrt(bc2), 1 - lr*wd the same way). wd_mode: 0 none, 1 decoupled, 2 L2. */
@@ -65,8 +73,8 @@ typedef struct {
 
 void acc_adam_scalars_for(const acc_adam_config *cfg, double step, acc_adam_scalars *out);
 
-/* The low-precision-state part of acc_adam_step (adam_lowbit.c): the tensors whose state_dtype is not ACC_F32.
- * Same contract; the 8-bit tensors are split between threads in whole blocks. */
+/* The low-precision-state step (adam_lowbit.c): the tensors whose state_dtype is not ACC_F32 (k in error texts:
+ * the index in ts). Same contract; the 8-bit tensors are split between threads in whole blocks. */
 acc_status acc_adam_lowbit_step(const acc_adam_config *cfg, const acc_adam_tensor *const *ts, size_t nt,
                                 int nthreads);
 
