@@ -43,9 +43,9 @@ def _bounds(low: Optional[float], high: Optional[float], what: str) -> str:
     if low is not None and high is not None:
         return f"{what} in {low:_}..{high:_}"
     if low is not None:
-        return f"{what} >= {low}"
+        return f"{what} >= {low:_}"
     if high is not None:
-        return f"{what} <= {high}"
+        return f"{what} <= {high:_}"
     return what
 
 
@@ -54,6 +54,17 @@ def parse_bool(name: str, raw: Optional[str], default: Any = None) -> Any:
     if _blank(raw):
         return default
     v = raw.strip().lower()
+    if v in TRUE_WORDS:
+        return True
+    if v in FALSE_WORDS:
+        return False
+    raise _fail(name, raw, "1 or 0 (true/false, yes/no, on/off)")
+
+
+def hf_bool(name: str, raw: str) -> bool:
+    """HF's reading of one of its own boolean variables (str_to_bool: the same words, any case; no blank-as-unset,
+    no stripping), for the faces that read HF's variables where HF does; the error names the variable."""
+    v = str(raw).lower()
     if v in TRUE_WORDS:
         return True
     if v in FALSE_WORDS:
