@@ -5,23 +5,41 @@
 # abi3 decision: we build against the limited API of CPython 3.10 (Py_LIMITED_API=0x030a0000), so one
 # .so serves 3.10 .. 3.13 (the CPU box runs 3.11, the GPU box 3.12). The hot loops work on raw buffers,
 # so the limited API costs nothing measurable. Free-threaded (3.13t) builds would need a separate,
-# non-abi3 build; not done yet.  Set ACCELERATE_C_DEBUG=1 for -O0 -g, ACCELERATE_C_SANITIZE=1 for ASan/UBSan.
+# non-abi3 build; not done yet.  Set ACCELERATE_C_DEBUG=1 for -O0 -g, ACCELERATE_C_SANITIZE=1 for ASan/UBSan
+# (read through accelerate_c/base/settings.py, loaded by path: the package itself is not importable yet).
 import glob
+import importlib.util
 import os
+import sys
 
 from setuptools import Extension, setup
 
 LIMITED_API = 0x030A0000
 
+
+def _settings():
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "accelerate_c", "base", "settings.py")
+    spec = importlib.util.spec_from_file_location("_accelerate_c_build_settings", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look the module up while the table is built
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        del sys.modules[spec.name]
+    return mod
+
+
+settings = _settings()
+
 sources = sorted(glob.glob("csrc/*.c") + glob.glob("csrc/*/*.c"))
 extra_compile_args = ["-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter",
                       "-Wno-missing-field-initializers", "-fno-strict-aliasing", "-pthread"]
 extra_link_args = ["-pthread"]
-if os.environ.get("ACCELERATE_C_DEBUG"):
+if settings.get("DEBUG"):
     extra_compile_args += ["-O0", "-g", "-UNDEBUG"]
 else:
     extra_compile_args += ["-O3"]
-if os.environ.get("ACCELERATE_C_SANITIZE"):
+if settings.get("SANITIZE"):
     extra_compile_args += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
     extra_link_args += ["-fsanitize=address,undefined"]
 

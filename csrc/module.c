@@ -120,13 +120,13 @@ PyMethodDef acc_core_methods[] = {
 
 /* ---- module lifecycle ---------------------------------------------------------------------------- */
 
-/* C reads no environment variables: once the functions exist, accelerate_c._native_options.apply_from_env(m)
- * reads the ones the C core used to read (ACCELERATE_C_SIMD, _CAST_THP, _SHM_SPIN_US, _SHM_INNER_SPIN_US) and
- * calls m.simd_level / m.set_options. Here, because this is the one place every first import of _C passes. */
+/* C reads no environment variables: once the functions exist, accelerate_c.base.settings.apply_native_options(m)
+ * reads and validates the ones the C core uses (ACCELERATE_C_SIMD, _CAST_THP, _SHM_SPIN_US, _SHM_INNER_SPIN_US)
+ * and calls m.simd_level / m.set_options. Here, because this is the one place every first import of _C passes. */
 static int apply_env_options(PyObject *m) {
-    PyObject *mod = PyImport_ImportModule("accelerate_c._native_options");
+    PyObject *mod = PyImport_ImportModule("accelerate_c.base.settings");
     if (!mod) return -1;
-    PyObject *r = PyObject_CallMethod(mod, "apply_from_env", "O", m);
+    PyObject *r = PyObject_CallMethod(mod, "apply_native_options", "O", m);
     Py_DECREF(mod);
     if (!r) return -1;
     Py_DECREF(r);

@@ -1,7 +1,7 @@
 # tests/test_c_layout.py: the C tree's layout rules (csrc/): one header names CPU targets (simd.h) and every
 # kernel dispatches through it, no getenv in C, compute files never reach Python.h, no C file above 600 lines;
 # and the run-time options Python passes in (_C.set_options / _C.get_options, read by a shm group when it opens,
-# set from the environment by accelerate_c/_native_options.py when _C loads), plus the one bf16 NaN rule that
+# set from the environment by accelerate_c/base/settings.py when _C loads), plus the one bf16 NaN rule that
 # differs on purpose (the shm reduction keeps a NaN's sign and payload).
 # Not for: the kernels' numerics (test_ops_cast.py, test_optim*.py, test_shm.py).
 import glob
@@ -184,17 +184,26 @@ def _fresh_options(env_update: dict) -> str:
 
 
 def test_options_defaults_and_environment_at_load():
-    """The values the C code used to read with getenv, read as it read them, once, when _C loads."""
+    """The values the C code used to read with getenv, validated by accelerate_c.base.settings and passed in
+    once, when _C loads; SIMD only lowers."""
     best = _C.simd_detected()
     assert _fresh_options({}) == f"{{'cast_thp': False, 'shm_spin_us': 50, 'shm_inner_spin_us': 1000}} {best}"
-    got = _fresh_options({"ACCELERATE_C_SIMD": "scalar", "ACCELERATE_C_CAST_THP": "1yes",
-                          "ACCELERATE_C_SHM_SPIN_US": " 77us", "ACCELERATE_C_SHM_INNER_SPIN_US": "-4"})
+    got = _fresh_options({"ACCELERATE_C_SIMD": "scalar", "ACCELERATE_C_CAST_THP": "1",
+                          "ACCELERATE_C_SHM_SPIN_US": " 77", "ACCELERATE_C_SHM_INNER_SPIN_US": "0"})
     assert got == "{'cast_thp': True, 'shm_spin_us': 77, 'shm_inner_spin_us': 0} scalar"
-    got = _fresh_options({"ACCELERATE_C_SIMD": "avx512", "ACCELERATE_C_CAST_THP": "0",
-                          "ACCELERATE_C_SHM_SPIN_US": "many"})
-    assert got == f"{{'cast_thp': False, 'shm_spin_us': 0, 'shm_inner_spin_us': 1000}} {best}"  # avx512: ignored
+    got = _fresh_options({"ACCELERATE_C_SIMD": "avx512", "ACCELERATE_C_CAST_THP": "0"})
+    assert got == f"{{'cast_thp': False, 'shm_spin_us': 50, 'shm_inner_spin_us': 1000}} {best}"
     if best != "scalar":
         assert _fresh_options({"ACCELERATE_C_SIMD": "avx2"}).endswith(" avx2")
+
+
+@pytest.mark.parametrize("var,value", [("ACCELERATE_C_SIMD", "sse"), ("ACCELERATE_C_CAST_THP", "1yes"),
+                                       ("ACCELERATE_C_SHM_SPIN_US", "many"), ("ACCELERATE_C_SHM_INNER_SPIN_US", "-4")])
+def test_bad_native_option_is_a_named_error_at_load(var, value):
+    """The C code ignored these (or read them as atol does); they are now errors naming the variable."""
+    with pytest.raises(subprocess.CalledProcessError) as info:
+        _fresh_options({var: value})
+    assert var in info.value.stderr and repr(value) in info.value.stderr, info.value.stderr
 
 
 # ---- the bf16 NaN rule of the shm reduction ------------------------------------------------------------

@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .settings import hf_bool
+
 
 class _Contains(enum.EnumMeta):
     """`"tensorboard" in LoggerType` works on values, as in HF."""
@@ -195,8 +197,6 @@ class TorchDynamoPlugin(KwargsHandler):
     use_regional_compilation: Optional[bool] = None
 
     def __post_init__(self) -> None:
-        from .imports import str_to_bool
-
         env = os.environ.get
         backend = self.backend if self.backend is not None else env("ACCELERATE_DYNAMO_BACKEND", "no")
         try:
@@ -207,11 +207,12 @@ class TorchDynamoPlugin(KwargsHandler):
         if self.mode is None:
             self.mode = env("ACCELERATE_DYNAMO_MODE", "default")
         if self.fullgraph is None:
-            self.fullgraph = str_to_bool(env("ACCELERATE_DYNAMO_USE_FULLGRAPH", "False")) == 1
+            self.fullgraph = hf_bool("ACCELERATE_DYNAMO_USE_FULLGRAPH", env("ACCELERATE_DYNAMO_USE_FULLGRAPH", "False"))
         if self.use_regional_compilation is None:
-            self.use_regional_compilation = str_to_bool(env("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "False")) == 1
+            self.use_regional_compilation = hf_bool("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION",
+                                                    env("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "False"))
         if self.dynamic is None and env("ACCELERATE_DYNAMO_USE_DYNAMIC") is not None:
-            self.dynamic = str_to_bool(env("ACCELERATE_DYNAMO_USE_DYNAMIC")) == 1
+            self.dynamic = hf_bool("ACCELERATE_DYNAMO_USE_DYNAMIC", env("ACCELERATE_DYNAMO_USE_DYNAMIC"))
 
     def to_dict(self) -> dict[str, Any]:
         d = copy.deepcopy(self.__dict__)

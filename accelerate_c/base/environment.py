@@ -1,7 +1,7 @@
 # accelerate_c/base/environment.py: HF's environment-variable context managers (`patch_environment`,
 # `clear_environment`) and `are_libraries_initialized`, with HF 1.15's semantics.
-# Not for: reading accelerate_c's own settings from the environment (state.py and each config dataclass read
-# the variables they own).
+# Not for: reading accelerate_c's own settings from the environment (base/settings.py owns every ACCELERATE_C_*
+# variable; HF's plugin dataclasses read HF's own variables where HF reads them).
 from __future__ import annotations
 
 import os

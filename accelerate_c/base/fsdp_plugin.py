@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from . import settings
 from .dtypes import COMPUTE_DTYPE_OF_MODE
 from .imports import str_to_bool
 
@@ -31,11 +32,7 @@ _ENV = "FSDP_"
 
 
 def _env_bool(name: str, default: str = "False") -> bool:
-    raw = os.environ.get(_ENV + name, default)
-    try:
-        return str_to_bool(raw) == 1
-    except ValueError:
-        raise ValueError(f"environment variable {_ENV}{name}={raw!r}: expected true or false") from None
+    return settings.hf_bool(_ENV + name, os.environ.get(_ENV + name, default))
 
 
 def _enum_member(enum_cls: Any, value: Any, names: tuple[str, ...], field: str) -> Any:
@@ -112,15 +109,7 @@ class FullyShardedDataParallelPlugin:
             self.cpu_offload = _env_bool("OFFLOAD_PARAMS")
         self._set_cpu_offload()
 
-        if self.backward_prefetch is None:
-            self.backward_prefetch = os.environ.get(_ENV + "BACKWARD_PREFETCH")
-        if self.backward_prefetch is not None:
-            from torch.distributed.fsdp import BackwardPrefetch
-            if not (isinstance(self.backward_prefetch, str) and self.backward_prefetch.upper() == "NO_PREFETCH"):
-                _enum_member(BackwardPrefetch, self.backward_prefetch, BACKWARD_PREFETCH, "backward_prefetch")
-            if not v1:
-                notes.append("backward_prefetch is not supported in FSDP2. Setting backward prefetch to None.")
-            self.backward_prefetch = None  # FSDP2: our units prefetch the next one themselves
+        self._set_backward_prefetch(v1, notes)
 
         self.set_state_dict_type()
         self._set_auto_wrap_policy()
@@ -173,6 +162,17 @@ class FullyShardedDataParallelPlugin:
             logger.warning("FSDP2 conversion notes:\n" + "\n".join(notes))
 
     # -- pieces of __post_init__ -------------------------------------------------------------------------
+    def _set_backward_prefetch(self, v1: bool, notes: list[str]) -> None:
+        if self.backward_prefetch is None:
+            self.backward_prefetch = os.environ.get(_ENV + "BACKWARD_PREFETCH")
+        if self.backward_prefetch is not None:
+            from torch.distributed.fsdp import BackwardPrefetch
+            if not (isinstance(self.backward_prefetch, str) and self.backward_prefetch.upper() == "NO_PREFETCH"):
+                _enum_member(BackwardPrefetch, self.backward_prefetch, BACKWARD_PREFETCH, "backward_prefetch")
+            if not v1:
+                notes.append("backward_prefetch is not supported in FSDP2. Setting backward prefetch to None.")
+            self.backward_prefetch = None  # FSDP2: our units prefetch the next one themselves
+
     def _set_reshard_after_forward(self, v1: bool) -> None:
         rs = self.reshard_after_forward
         if v1:  # FSDP1: the sharding strategy decides (HF passes it first to torch); a given value is checked only
@@ -286,7 +286,8 @@ class FullyShardedDataParallelPlugin:
             raise ValueError(f"Invalid mixed precision: {mixed_precision}. Must be one of "
                              f"{list(MIXED_PRECISION_DTYPES.values())}")
         if override or self.mixed_precision_policy is None:
-            self.mixed_precision_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
+            self.mixed_precision_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype,
+                                                               output_dtype=dtype)
         elif isinstance(self.mixed_precision_policy, dict):
             policy = self.mixed_precision_policy
             v1_keys = "buffer_dtype" in policy

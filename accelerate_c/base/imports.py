@@ -14,6 +14,8 @@ from typing import Callable, Optional
 
 from packaging.version import Version
 
+from .settings import FALSE_WORDS, TRUE_WORDS
+
 _OPS = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne, "<=": operator.le, "<": operator.lt}
 
 
@@ -35,9 +37,9 @@ def is_package_available(module: str, metadata_name: Optional[str] = None) -> bo
 def str_to_bool(value: str) -> int:
     """1 for y/yes/t/true/on/1, 0 for n/no/f/false/off/0 (case-insensitive); anything else is a ValueError."""
     v = str(value).lower()
-    if v in ("y", "yes", "t", "true", "on", "1"):
+    if v in TRUE_WORDS:
         return 1
-    if v in ("n", "no", "f", "false", "off", "0"):
+    if v in FALSE_WORDS:
         return 0
     raise ValueError(f"invalid truth value {value!r}")
 

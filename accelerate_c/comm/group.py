@@ -16,13 +16,13 @@
 # torch path. `group_for_device` is the one place that chooses shared memory or the process group for a device.
 from __future__ import annotations
 
-import os
 import socket
 from typing import Any, Optional, Protocol
 
 import torch
 import torch.distributed as dist
 
+from accelerate_c.base import settings
 from accelerate_c.comm.shm import ShmGroup, _op_code, check_scatter_input
 
 # avg and sum_div = sum / n: torch's division of the summed tensor
@@ -32,7 +32,7 @@ _CACHE: dict = {}  # id(pg) (None: the default group) -> (the process group obje
 
 def host_id() -> str:
     """This process's host identity: ACCELERATE_C_HOST_ID if set (one per launcher), else the hostname."""
-    return os.environ.get("ACCELERATE_C_HOST_ID") or socket.gethostname()
+    return settings.get("HOST_ID") or socket.gethostname()
 
 
 class CollectiveGroup(Protocol):
@@ -210,7 +210,7 @@ def get_group(pg: Optional[dist.ProcessGroup] = None, *, timeout: Optional[float
         hit[1].close()
     if not (dist.is_available() and dist.is_initialized()):
         grp: Any = ShmGroup(None, timeout=timeout)
-    elif os.environ.get("ACCELERATE_C_COMM", "").lower() == "torch":
+    elif settings.get("COMM") == "torch":
         grp = TorchGroup(pg)
     else:
         n = dist.get_world_size(pg)

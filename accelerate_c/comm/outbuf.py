@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import weakref
 from typing import Optional, Sequence
 
 import torch
+
+from ..base import settings
 
 _MIN_BYTES = 1 << 20  # below this, glibc's heap reuses freed memory and a tensor is cheap anyway
 _GRAIN = 1 << 16  # block sizes are rounded up to this, so sizes that differ a little share blocks
@@ -29,14 +30,7 @@ def limit_bytes() -> int:
     """Bytes of free blocks the cache may hold (ACCELERATE_C_OUTPUT_CACHE_MB, default 256; read once)."""
     global _limit
     if _limit is None:
-        raw = os.environ.get("ACCELERATE_C_OUTPUT_CACHE_MB", "256")
-        try:
-            mb = float(raw)
-        except ValueError:
-            raise ValueError(f"ACCELERATE_C_OUTPUT_CACHE_MB={raw!r} is not a number of MiB") from None
-        if mb < 0:
-            raise ValueError(f"ACCELERATE_C_OUTPUT_CACHE_MB={raw!r} must be >= 0")
-        _limit = int(mb * (1 << 20))
+        _limit = int(settings.get("OUTPUT_CACHE_MB") * (1 << 20))
     return _limit
 
 

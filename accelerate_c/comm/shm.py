@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from accelerate_c import _C
+from accelerate_c.base import settings
 
 # "sum_div": the sum rounded to the dtype, then divided by the group size (torch's all_reduce(SUM); t /= n,
 # which is what HF Accelerate's reduce(..., "mean") computes); "avg" divides the unrounded sum (DDP).
@@ -120,7 +121,7 @@ class ShmGroup:
         self._queue: Optional[queue.SimpleQueue] = None
         self._pending: list[Work] = []
         self._lock = threading.Lock()
-        tag = tag or os.environ.get("MASTER_PORT", "0")
+        tag = tag or settings.env_value("MASTER_PORT", "0")
         h = None
         err = ""
         name = None
@@ -308,7 +309,7 @@ class ShmGroup:
         Every rank must call alloc with the same sizes in the same order. At most 32 per group."""
         nbytes = int(numel) * torch.empty((), dtype=dtype).element_size()
         part = max(_PAGE, (nbytes + _PAGE - 1) // _PAGE * _PAGE)
-        tag = os.environ.get("MASTER_PORT", "0")
+        tag = settings.env_value("MASTER_PORT", "0")
         name, err, fd = None, "", -1
         if self.rank == 0:  # create before sharing the name
             name = f"/accc-{tag}-{os.getpid()}-{secrets.token_hex(8)}-r"

@@ -1,7 +1,8 @@
 # Run inside every rank: executes the user's script (or `-m module`) as __main__ and, when it raises,
 # writes torch elastic's error file (TORCHELASTIC_ERROR_FILE) so the launcher can name the exception of
 # the failed rank. Run as a plain file (`python _bootstrap.py ...`), so it imports nothing of
-# accelerate_c or torch itself. Not for: setting up distributed state (the script/Accelerator does).
+# accelerate_c or torch itself (base/settings.py, which reads the launcher's variables, is loaded by path
+# and dropped). Not for: setting up distributed state (the script/Accelerator does).
 #
 # The rank then leaves without the interpreter's final teardown (see _leave): torch's gloo worker threads
 # outlive destroy_process_group (torch keeps the process group referenced once e.g. an optimizer imported
@@ -19,6 +20,7 @@ import threading
 import time
 import traceback
 import warnings
+from typing import Any
 
 
 def _record(exc: BaseException) -> None:
@@ -35,10 +37,26 @@ def _record(exc: BaseException) -> None:
         pass
 
 
+def _settings() -> Any:
+    """accelerate_c/base/settings.py, loaded by path and not left in sys.modules: the script must start with
+    nothing of accelerate_c imported."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "base", "settings.py")
+    spec = importlib.util.spec_from_file_location("_accelerate_c_bootstrap_settings", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look the module up while the table is built
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        del sys.modules[spec.name]
+    return mod
+
+
 def _die_with_launcher() -> None:
     # Linux: get SIGTERM when the launcher dies, even by SIGKILL, so no rank is left orphaned.
-    launcher = os.environ.get("ACCELERATE_C_LAUNCHER_PID")
-    if not sys.platform.startswith("linux") or not launcher:
+    launcher = _settings().get("LAUNCHER_PID")
+    if not sys.platform.startswith("linux") or launcher is None:
         return
     try:
         import ctypes
@@ -47,7 +65,7 @@ def _die_with_launcher() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if os.getppid() != int(launcher):  # it died before prctl took effect
+    if os.getppid() != launcher:  # it died before prctl took effect
         sys.exit(1)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from ..base import settings
 from .config_blocks import BLOCKS as _BASE_BLOCKS, DynamoConfig, FP8Config, env_str as _env_str, setting as _opt
 from .config_sharding import DeepSpeedBlock, FSDPBlock
 
@@ -27,7 +28,7 @@ BLOCKS = {**_BASE_BLOCKS, "fsdp_config": FSDPBlock, "deepspeed_config": DeepSpee
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA",
                      "MULTI_XPU", "DEEPSPEED", "FSDP", "XLA", "MEGATRON_LM", "MULTI_HPU", "MULTI_NEURON")
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
-CONFIG_ENV = "ACCELERATE_C_CONFIG"  # the launcher's resolved config, as JSON, in every rank
+CONFIG_ENV = settings.var("CONFIG")  # the launcher's resolved config, as JSON, in every rank
 
 
 class ConfigError(ValueError):
@@ -295,14 +296,15 @@ def from_dict(data: dict[str, Any]) -> ClusterConfig:
 
 def config_from_env() -> "ClusterConfig | None":
     """In a rank: the config the launcher resolved (file + flags), or None when not launched by us."""
-    text = os.environ.get(CONFIG_ENV)
+    text = settings.get("CONFIG")
     return from_dict(json.loads(text)) if text else None
 
 
 def config_dir() -> str:
     """ACCELERATE_C_CONFIG_DIR, else $XDG_CACHE_HOME/accelerate_c, else ~/.cache/accelerate_c."""
-    if os.environ.get("ACCELERATE_C_CONFIG_DIR"):
-        return os.path.expanduser(os.environ["ACCELERATE_C_CONFIG_DIR"])
+    own = settings.get("CONFIG_DIR")
+    if own:
+        return os.path.expanduser(own)
     return os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "accelerate_c")
 
 

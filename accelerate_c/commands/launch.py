@@ -21,6 +21,7 @@ import tempfile
 import uuid
 from typing import Any, Iterator
 
+from ..base import settings
 from .watchdog import FailureWatch, stopped_line
 from .config_args import ClusterConfig, ConfigError, find_default_config, load_config, parse_rdzv_conf
 from .config_flags import HelpFormatter, add_config_flags, add_flag, apply_flags
@@ -30,7 +31,6 @@ DEFAULT_MULTI_MACHINE_PORT = 29500  # HF's default when several machines must ag
 SHUTDOWN_TIMEOUT_S = 5  # SIGTERM -> SIGKILL grace for the ranks, so a failure ends the job well within 30 s
 # The loggers of torch's launch stack that run in this (the launcher's) process; `-q` silences them.
 TORCH_LAUNCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
-RDZV_TIMEOUT_ENV = "ACCELERATE_C_RDZV_TIMEOUT"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -121,10 +121,10 @@ def rank_env(cfg: ClusterConfig, args: argparse.Namespace, nproc: int, run_id: s
     WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_*)."""
     env = cfg.env()
     host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:40]
-    env["ACCELERATE_C_HOST_ID"] = args.host_id or f"{host}-{uuid.uuid4().hex[:12]}-m{cfg.machine_rank}"
-    env["ACCELERATE_C_RUN_ID"] = run_id
-    env["ACCELERATE_C_NUM_MACHINES"] = str(cfg.num_machines)
-    env["ACCELERATE_C_LAUNCHER_PID"] = str(os.getpid())  # ranks die with the launcher (_bootstrap.py)
+    env[settings.var("HOST_ID")] = args.host_id or f"{host}-{uuid.uuid4().hex[:12]}-m{cfg.machine_rank}"
+    env[settings.var("RUN_ID")] = run_id
+    env[settings.var("NUM_MACHINES")] = str(cfg.num_machines)
+    env[settings.var("LAUNCHER_PID")] = str(os.getpid())  # ranks die with the launcher (_bootstrap.py)
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:  # HF: flag, else the variable
         env["OMP_NUM_THREADS"] = str(max(1, _cores() // nproc))
     if cfg.gpu_ids and cfg.gpu_ids != "all" and not cfg.use_cpu:
@@ -174,18 +174,12 @@ def rendezvous(cfg: ClusterConfig) -> dict[str, Any]:
 
 def _rdzv_timeout() -> dict[str, int]:
     """ACCELERATE_C_RDZV_TIMEOUT (seconds): how long the machines wait for each other at the rendezvous
-    (torch's default: 900 for c10d, 600 for static). Tests set it short."""
-    raw = os.environ.get(RDZV_TIMEOUT_ENV, "").strip()
-    if not raw:
-        return {}
+    (torch's default: 900 for c10d, 600 for static). Tests set it short. A bad value is a ConfigError."""
     try:
-        seconds = int(raw)
-    except ValueError:
-        seconds = 0
-    if seconds <= 0:
-        raise ConfigError(f"environment variable {RDZV_TIMEOUT_ENV}={raw!r}: allowed: a whole number of "
-                          "seconds > 0")
-    return {"timeout": seconds}
+        seconds = settings.get("RDZV_TIMEOUT")
+    except ValueError as e:
+        raise ConfigError(f"{e} (seconds)") from None
+    return {} if seconds is None else {"timeout": seconds}
 
 
 def _entry(args: argparse.Namespace) -> tuple[str, list[str]]:

@@ -11,7 +11,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
-from ..base.imports import str_to_bool
+from ..base import settings
 
 # plugin field -> dotted JSON key (HF's mapping)
 PLUGIN_TO_CONFIG = {"gradient_accumulation_steps": "gradient_accumulation_steps",
@@ -72,7 +72,8 @@ class DeepSpeedPlugin:
         if self.offload_param_device is None:
             self.offload_param_device = os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE", "none")
         if self.offload_optimizer_nvme_path is None:
-            self.offload_optimizer_nvme_path = os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH", "none")
+            self.offload_optimizer_nvme_path = os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH",
+                                                              "none")
         if self.offload_param_nvme_path is None:
             self.offload_param_nvme_path = os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH", "none")
         if self.zero3_save_16bit_model is None:
@@ -93,8 +94,8 @@ class DeepSpeedPlugin:
         self.deepspeed_config = self.hf_ds_config.config
         self.deepspeed_config["steps_per_print"] = float("inf")  # as HF: no DeepSpeed-style progress lines
         if self.zero3_init_flag is None:
-            self.zero3_init_flag = str_to_bool(os.environ.get("ACCELERATE_DEEPSPEED_ZERO3_INIT",
-                                                              str(self.hf_ds_config.is_zero3()))) == 1
+            self.zero3_init_flag = settings.hf_bool("ACCELERATE_DEEPSPEED_ZERO3_INIT", os.environ.get(
+                "ACCELERATE_DEEPSPEED_ZERO3_INIT", str(self.hf_ds_config.is_zero3())))
         if self.zero3_init_flag and not self.hf_ds_config.is_zero3():
             warnings.warn("DeepSpeed Zero3 Init flag is only applicable for ZeRO Stage 3. Setting it to False.")
             self.zero3_init_flag = False

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any, Iterator, Optional
 
 import torch
@@ -21,9 +20,10 @@ from .probes import AcceleratorProbes
 from .run_properties import RunProperties
 from .process_api import ProcessAPI
 from ..scheduler import AcceleratedScheduler
-from ..runtime.state import AcceleratorState, GradientState, _env_flag, sharding_plugins
+from ..runtime.state import AcceleratorState, GradientState, sharding_plugins
 from ..strategies import StrategyContext, select_strategy
 from .tracking_api import TrackingAPI
+from ..base import settings
 from ..base.dataclasses import (DataLoaderConfiguration, GradientAccumulationPlugin, KwargsHandler,
                                 ProjectConfiguration, TorchDynamoPlugin)
 from ..runtime.memory import release_memory
@@ -31,6 +31,45 @@ from ..runtime.models import compile_model, extract_model_from_parallel
 
 _MP_CODES = {"no": 0, "fp16": 1, "bf16": 2, "fp8": 3}
 _UNSET = object()
+
+
+def _refuse_unsupported(megatron_lm_plugin: Any, tensor_parallel: Any) -> None:
+    unsupported = {"megatron_lm_plugin": megatron_lm_plugin or settings.env_flag("ACCELERATE_USE_MEGATRON_LM"),
+                   "torch_tp_plugin / parallelism_config": tensor_parallel}
+    for name, given in unsupported.items():
+        if given:
+            raise NotImplementedError(f"accelerate_c: {name} is not supported yet (tensor and pipeline "
+                                      "parallelism are on the roadmap); use data parallelism or sharding")
+
+
+def _handlers_by_name(kwargs_handlers: Optional[list]) -> dict[str, KwargsHandler]:
+    """The user's kwargs handlers keyed by class name (at most one of each)."""
+    handlers: dict[str, KwargsHandler] = {}
+    for handler in kwargs_handlers or []:
+        if not isinstance(handler, KwargsHandler):
+            raise ValueError(f"Unsupported kwargs handler passed: {handler!r}; expected KwargsHandler instances")
+        key = type(handler).__name__
+        if key in handlers:
+            raise ValueError(f"You can only pass one {key} in `kwargs_handlers`.")
+        handlers[key] = handler
+    return handlers
+
+
+def _accumulation_plugin(plugin: Optional[GradientAccumulationPlugin], steps: int) -> GradientAccumulationPlugin:
+    """The GradientAccumulationPlugin of the run: the user's, else one of `steps` (1: HF's
+    ACCELERATE_GRADIENT_ACCUMULATION_STEPS, when set)."""
+    if plugin is not None:
+        if steps != 1:
+            raise ValueError("You can only pass one of `gradient_accumulation_steps` and "
+                             "`gradient_accumulation_plugin`. Please only pass in the created "
+                             "`GradientAccumulationPlugin` object.")
+    else:
+        if steps == 1:
+            steps = settings.env_int("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", default=1)
+        plugin = GradientAccumulationPlugin(num_steps=steps)
+    if plugin.num_steps is not None and plugin.num_steps < 1:
+        raise ValueError(f"gradient_accumulation_steps must be >= 1, got {plugin.num_steps}")
+    return plugin
 
 
 class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, TrackingAPI, _C.Accelerator):
@@ -46,12 +85,7 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
                  step_scheduler_with_optimizer: bool = True, kwargs_handlers: Optional[list] = None,
                  dynamo_backend: Any = None, dynamo_plugin: Any = None, parallelism_config: Any = None,
                  deepspeed_plugins: Any = None) -> None:
-        unsupported = {"megatron_lm_plugin": megatron_lm_plugin or _env_flag("ACCELERATE_USE_MEGATRON_LM"),
-                       "torch_tp_plugin / parallelism_config": torch_tp_plugin or parallelism_config}
-        for name, given in unsupported.items():
-            if given:
-                raise NotImplementedError(f"accelerate_c: {name} is not supported yet (tensor and pipeline "
-                                          "parallelism are on the roadmap); use data parallelism or sharding")
+        _refuse_unsupported(megatron_lm_plugin, torch_tp_plugin or parallelism_config)
         if deepspeed_plugins is not None and deepspeed_plugin is not None:
             raise ValueError("You cannot pass in both `deepspeed_plugins` and `deepspeed_plugin`.")
         fsdp_plugin, deepspeed_plugin = sharding_plugins(fsdp_plugin, deepspeed_plugin or deepspeed_plugins)
@@ -62,14 +96,7 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         else:
             self.project_configuration = ProjectConfiguration(project_dir=project_dir)
 
-        self.handlers: dict[str, KwargsHandler] = {}
-        for handler in kwargs_handlers or []:
-            if not isinstance(handler, KwargsHandler):
-                raise ValueError(f"Unsupported kwargs handler passed: {handler!r}; expected KwargsHandler instances")
-            key = type(handler).__name__
-            if key in self.handlers:
-                raise ValueError(f"You can only pass one {key} in `kwargs_handlers`.")
-            self.handlers[key] = handler
+        self.handlers: dict[str, KwargsHandler] = _handlers_by_name(kwargs_handlers)
         self.ddp_handler = self.handlers.get("DistributedDataParallelKwargs")
         self.scaler_handler = self.handlers.get("GradScalerKwargs")
         self.init_handler = self.handlers.get("InitProcessGroupKwargs")
@@ -90,19 +117,7 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         self.handlers.update({type(p).__name__: p for p in (fsdp_plugin, active_ds or deepspeed_plugin)
                               if p is not None and not isinstance(p, dict)})
 
-        if gradient_accumulation_plugin is not None:
-            if gradient_accumulation_steps != 1:
-                raise ValueError("You can only pass one of `gradient_accumulation_steps` and "
-                                 "`gradient_accumulation_plugin`. Please only pass in the created "
-                                 "`GradientAccumulationPlugin` object.")
-        else:
-            steps = gradient_accumulation_steps
-            env_steps = os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
-            if steps == 1 and env_steps:
-                steps = int(env_steps)
-            gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=steps)
-        if gradient_accumulation_plugin.num_steps is not None and gradient_accumulation_plugin.num_steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_plugin.num_steps}")
+        gradient_accumulation_plugin = _accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps)
         self.gradient_state = GradientState(gradient_accumulation_plugin=gradient_accumulation_plugin)
         self.gradient_state._attach(self)
         self._gradient_accumulation_steps = self.gradient_state.num_steps
@@ -179,7 +194,8 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         model._is_accelerate_prepared = True
         return model
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: Optional[bool] = None) -> AcceleratedOptimizer:
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer,
+                          device_placement: Optional[bool] = None) -> AcceleratedOptimizer:
         if isinstance(optimizer, AcceleratedOptimizer):
             return optimizer
         if device_placement is None:
@@ -284,7 +300,10 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
             yield
 
     def _inner_optimizers(self, optimizer: Any = None) -> list:
-        opts = self._optimizers if optimizer is None else (optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])
+        if optimizer is None:
+            opts = self._optimizers
+        else:
+            opts = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
         return [getattr(o, "optimizer", o) for o in opts]
 
     def unscale_gradients(self, optimizer: Any = None) -> None:

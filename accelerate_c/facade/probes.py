@@ -1,13 +1,14 @@
 # accelerate_c/facade/probes.py: the feature probes HF scripts read on the Accelerator (DeepSpeed, FSDP,
 # Megatron-LM, the parallelism config and device mesh, fp8 backend, the *_parallel_rank properties), as a mixin
-# (the state's own probes: runtime/probes.py). They answer what HF 1.15 answers: for DeepSpeed/FSDP from the state's plugins (state.py sets them),
-# for Megatron-LM / tensor parallelism what HF answers when unused (the constructors refuse those features).
+# (the state's own probes: runtime/probes.py). They answer what HF 1.15 answers: for DeepSpeed/FSDP from the
+# state's plugins (state.py sets them), for Megatron-LM / tensor parallelism what HF answers when unused (the
+# constructors refuse those features).
 # Not for: the features themselves (the sharded engine and tensor/pipeline parallelism will own their state).
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from ..base import settings
 from ..base.dataclasses import FP8BackendType
 
 
@@ -49,7 +50,8 @@ class AcceleratorProbes:
     def fp8_backend(self) -> FP8BackendType:
         """The backend named by FP8RecipeKwargs(backend=...), else ACCELERATE_FP8_BACKEND, else NO (accelerate_c's
         own fp8 path is none of HF's TE/MSAMP/AO)."""
-        backend = getattr(self.fp8_recipe_handler, "backend", None) or os.environ.get("ACCELERATE_FP8_BACKEND", "NO")
+        backend = (getattr(self.fp8_recipe_handler, "backend", None)
+                   or settings.env_value("ACCELERATE_FP8_BACKEND", "NO"))
         try:
             return FP8BackendType(str(getattr(backend, "value", backend)).upper())
         except ValueError:

@@ -1,5 +1,5 @@
 # accelerate_c/optim/gradops.py: the fused multi-tensor gradient passes a training step needs (non-finite check +
-# unscale, global norm, scale by a factor, clip by norm), backed by the C kernels in csrc/kernels/gradops.c.
+# unscale, global norm, scale by a factor, clip by norm), backed by the C kernels in csrc/ops/gradops.c.
 # Not for: autograd, CUDA kernels (non-CPU tensors go to torch ops), or casts (precision/cast.py).
 #
 # Every pass is also a torch custom op in the `accelerate_c` namespace with a fake implementation, so

@@ -1,5 +1,5 @@
 # accelerate_c/precision/cast.py: casts with scale and fused amax (bf16/fp16/fp8) in one pass, backed by the C
-# kernel in csrc/kernels/cast.c; what fp8 training and mixed-precision masters cast with.
+# kernel in csrc/ops/cast.c; what fp8 training and mixed-precision masters cast with.
 # Not for: autograd (no backward is defined), CUDA kernels (non-CPU tensors fall back to torch ops until the
 # CUDA variants exist), strided math (non-contiguous inputs are made contiguous), or the gradient passes
 # (optim/gradops.py).

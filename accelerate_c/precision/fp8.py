@@ -11,12 +11,12 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 import torch
 
+from ..base import settings
 from .policy import Precision
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -40,9 +40,8 @@ class FP8Config:
                "use_delayed_scaling": "ACCELERATE_FP8_DELAYED_SCALING"}
         for name, var in env.items():
             value = getattr(handler, name, None) if handler is not None else None
-            if value is None and os.environ.get(var):
-                raw = os.environ[var]
-                value = raw.lower() in ("1", "true", "yes") if name == "use_delayed_scaling" else type(getattr(cfg, name))(raw)
+            if value is None:
+                value = _from_env(var, getattr(cfg, name))
             if value is not None:
                 setattr(cfg, name, value)
         if handler is not None and getattr(handler, "module_filter_func", None) is not None:
@@ -55,6 +54,18 @@ class FP8Config:
         if cfg.amax_history_len < 1:
             raise ValueError(f"amax_history_len must be >= 1, got {cfg.amax_history_len}")
         return cfg
+
+
+def _from_env(var: str, current: Any) -> Any:
+    """HF's ACCELERATE_FP8_* variable `var` in the type of the field's default (None when unset or empty);
+    a value that is not of that type is an error naming the variable."""
+    if not settings.env_value(var):
+        return None
+    if isinstance(current, bool):
+        return settings.env_flag(var, None)
+    if isinstance(current, int):
+        return settings.env_int(var)
+    return settings.env_value(var)
 
 
 class ScaleState:
@@ -102,7 +113,8 @@ def _use_scaled_mm(x: torch.Tensor) -> bool:
 
 class _FP8LinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], module: "FP8Linear") -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                module: "FP8Linear") -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         xq, sx = module.x_state.quantize(x2)
@@ -142,7 +154,8 @@ class FP8Linear(torch.nn.Linear):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         grad_dtype = E5M2 if cfg.fp8_format == "HYBRID" else E4M3
-        self.x_state, self.w_state, self.g_state = ScaleState(E4M3, cfg), ScaleState(E4M3, cfg), ScaleState(grad_dtype, cfg)
+        self.x_state, self.w_state = ScaleState(E4M3, cfg), ScaleState(E4M3, cfg)
+        self.g_state = ScaleState(grad_dtype, cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _FP8LinearFn.apply(x, self.weight, self.bias, self)
@@ -233,7 +246,8 @@ def convert_to_fp8(model: torch.nn.Module, cfg: FP8Config) -> torch.nn.Module:
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
-            if type(child) is torch.nn.Linear and (cfg.module_filter_func is None or cfg.module_filter_func(child, full)):
+            if type(child) is torch.nn.Linear and (cfg.module_filter_func is None
+                                                   or cfg.module_filter_func(child, full)):
                 setattr(module, child_name, FP8Linear(child, cfg))
     return model
 

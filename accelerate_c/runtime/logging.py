@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Any, Optional
 
+from ..base import settings
 from .state import PartialState
 
 
@@ -59,7 +59,7 @@ def get_logger(name: str, log_level: Optional[str | int] = None) -> MultiProcess
     unset) sets the level of this logger and of the root logger, as HF Accelerate does."""
     source = "log_level"
     if log_level is None:
-        log_level, source = os.environ.get("ACCELERATE_LOG_LEVEL", None), "ACCELERATE_LOG_LEVEL"
+        log_level, source = settings.env_value("ACCELERATE_LOG_LEVEL"), "ACCELERATE_LOG_LEVEL"
     logger = logging.getLogger(name)
     if log_level is not None:
         level = log_level if isinstance(log_level, int) else str(log_level).upper()

@@ -17,27 +17,13 @@ import torch.distributed as dist
 
 from .probes import StateProbes
 from .gradient import GradientState  # noqa: F401  (HF's import path: accelerate.state)
+from ..base import settings
 from ..base.dataclasses import DistributedType
 
 _RESET_TEXT = (
     "`{cls}` object has no attribute `{name}`. This happens if `{cls}._reset_state()` was called and "
     "an `Accelerator` or `PartialState` was not reinitialized."
 )
-
-
-def _env_int(*names: str, default: int) -> int:
-    for n in names:
-        v = os.environ.get(n)
-        if v not in (None, ""):
-            try:
-                return int(v)
-            except ValueError as e:
-                raise ValueError(f"environment variable {n}={v!r} is not an integer") from e
-    return default
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 _get_group: Optional[Callable[[], Any]] = None
@@ -63,12 +49,12 @@ class PartialState:
         self.__dict__ = self._shared_state
         if self.initialized:
             return
-        self._cpu = bool(cpu) or _env_flag("ACCELERATE_USE_CPU")
-        self.debug = _env_flag("ACCELERATE_DEBUG_MODE")
-        self.fork_launched = _env_flag("FORK_LAUNCHED")
-        world = _env_int("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", default=1)
-        rank = _env_int("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", default=0)
-        local_rank = _env_int("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", default=rank)
+        self._cpu = bool(cpu) or settings.env_flag("ACCELERATE_USE_CPU")
+        self.debug = settings.env_flag("ACCELERATE_DEBUG_MODE")
+        self.fork_launched = settings.env_flag("FORK_LAUNCHED")
+        world = settings.env_int("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", default=1)
+        rank = settings.env_int("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", default=0)
+        local_rank = settings.env_int("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", default=rank)
         use_cuda = (not self._cpu) and torch.cuda.is_available()
         self.backend: Optional[str] = None
         if world > 1 or dist.is_initialized():
@@ -78,8 +64,8 @@ class PartialState:
                 if backend in (None, "nccl") and not use_cuda:
                     backend = "gloo"  # HF's InitProcessGroupKwargs defaults to nccl; on CPU that cannot work
                 timeout = init_kwargs.get("timeout") or timedelta(seconds=1800)
-                os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-                os.environ.setdefault("MASTER_PORT", "29500")
+                settings.env_setdefault("MASTER_ADDR", "127.0.0.1")
+                settings.env_setdefault("MASTER_PORT", "29500")
                 if use_cuda:
                     torch.cuda.set_device(local_rank)
                 dist.init_process_group(backend=backend, init_method=init_kwargs.get("init_method"),
@@ -89,7 +75,7 @@ class PartialState:
         self.num_processes = world
         self.process_index = rank
         self.local_process_index = local_rank if world > 1 else 0
-        self.local_num_processes = _env_int("LOCAL_WORLD_SIZE", default=world if world > 1 else 1)
+        self.local_num_processes = settings.env_int("LOCAL_WORLD_SIZE", default=world if world > 1 else 1)
         if use_cuda:
             self.device = torch.device("cuda", self.local_process_index % max(1, torch.cuda.device_count()))
         else:
@@ -100,7 +86,7 @@ class PartialState:
             self.distributed_type = DistributedType.MULTI_GPU
         else:
             self.distributed_type = DistributedType.MULTI_CPU
-        if world > 1 and not use_cuda and "OMP_NUM_THREADS" not in os.environ:
+        if world > 1 and not use_cuda and not settings.env_is_set("OMP_NUM_THREADS"):
             # Ranks sharing a host share its cores: give each its fair part, as HF does.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, self.local_num_processes)))
 
@@ -211,7 +197,8 @@ class PartialState:
             return partial(self.on_process, process_index=process_index)
         return function if self.process_index == process_index else (lambda *a, **k: None)
 
-    def on_local_process(self, function: Optional[Callable] = None, local_process_index: Optional[int] = None) -> Callable:
+    def on_local_process(self, function: Optional[Callable] = None,
+                         local_process_index: Optional[int] = None) -> Callable:
         if function is None:
             return partial(self.on_local_process, local_process_index=local_process_index)
         return function if self.local_process_index == local_process_index else (lambda *a, **k: None)
@@ -264,8 +251,9 @@ class AcceleratorState(StateProbes):
             raise ValueError("AcceleratorState has already been initialized and cannot be changed, restart your "
                              "runtime completely and pass `mixed_precision` to `Accelerator()`.")
         if not self.initialized_precision:
-            mp = mixed_precision if mixed_precision is not None else os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
-            mp = str(mp).lower()
+            if mixed_precision is None:
+                mixed_precision = settings.env_value("ACCELERATE_MIXED_PRECISION", "no")
+            mp = str(mixed_precision).lower()
             if mp not in ("no", "fp16", "bf16", "fp8"):
                 raise ValueError(f"Unknown mixed_precision mode: {mp!r}. Choose between no, fp16, bf16, fp8.")
             self._init_plugins(dynamo_plugin)
@@ -369,7 +357,7 @@ def sharding_plugins(fsdp_plugin: Any, deepspeed_plugin: Any) -> tuple[Any, Any]
     if deepspeed_plugin is None:
         if ds_in_use:
             deepspeed_plugin = AcceleratorState().deepspeed_plugins
-        elif _env_flag("ACCELERATE_USE_DEEPSPEED"):
+        elif settings.env_flag("ACCELERATE_USE_DEEPSPEED"):
             deepspeed_plugin = DeepSpeedPlugin()
     else:
         if ds_in_use and state.get("deepspeed_plugins") is not None:
@@ -380,14 +368,14 @@ def sharding_plugins(fsdp_plugin: Any, deepspeed_plugin: Any) -> tuple[Any, Any]
             if not isinstance(plugin, DeepSpeedPlugin):
                 raise TypeError("`deepspeed_plugin` must be a DeepSpeedPlugin object.")
     if deepspeed_plugin is not None:
-        os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+        settings.env_set("ACCELERATE_USE_DEEPSPEED", "true")
     if fsdp_plugin is None:
-        if _env_flag("ACCELERATE_USE_FSDP") and deepspeed_plugin is None:
+        if settings.env_flag("ACCELERATE_USE_FSDP") and deepspeed_plugin is None:
             fsdp_plugin = FullyShardedDataParallelPlugin()
     else:
         if not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
             raise TypeError("`fsdp_plugin` must be a FullyShardedDataParallelPlugin object.")
-        os.environ["ACCELERATE_USE_FSDP"] = "true"
+        settings.env_set("ACCELERATE_USE_FSDP", "true")
     if fsdp_plugin is not None and deepspeed_plugin is not None:
         raise ValueError("Accelerator: pass either fsdp_plugin or deepspeed_plugin (or set ACCELERATE_USE_FSDP / "
                          "ACCELERATE_USE_DEEPSPEED), not both")

@@ -56,7 +56,7 @@ class ShardedConfig(DDPConfig):
         return dataclasses.replace(self, **_fields_from_deepspeed_json(self.deepspeed_config))
 
     @classmethod
-    def _fields(cls, handlers: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    def _fields(cls, handlers: Mapping[str, Any], env: Optional[Mapping[str, str]]) -> dict[str, Any]:
         fields = super()._fields(handlers, env)
         plugin = handlers.get("FullyShardedDataParallelPlugin")
         if plugin is not None:

@@ -6,12 +6,12 @@
 # Not for: the layout (flat.py) or when buffers are packed (engine.py, zero3.py).
 from __future__ import annotations
 
-import os
 from typing import Optional, Sequence
 
 import torch
 
 from .. import _C
+from ..base import settings
 from ..base.dtypes import C_FLOAT_INPUTS
 
 _FLOATS = C_FLOAT_INPUTS
@@ -19,7 +19,7 @@ _FLOATS = C_FLOAT_INPUTS
 
 def kernels_enabled() -> bool:
     """False when ACCELERATE_C_SHARD_KERNELS=0: the engine packs and casts with torch copies (the baseline)."""
-    return os.environ.get("ACCELERATE_C_SHARD_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings.get("SHARD_KERNELS")
 
 
 def _c_ok(out: torch.Tensor, tensors: Sequence[Optional[torch.Tensor]]) -> bool:

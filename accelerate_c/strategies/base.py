@@ -9,50 +9,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Optional
 
 import torch
 
+from ..base import settings
 from ..base.dataclasses import DistributedType
-
-
-_TRUE, _FALSE = ("1", "true", "yes", "on", "y", "t"), ("0", "false", "no", "off", "n", "f")
-
-
-def env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
-    """A boolean variable (1/0, true/false, yes/no, on/off; unset or empty: `default`); anything else is an
-    error naming the variable and the value."""
-    raw = env.get(name, "")
-    v = raw.strip().lower()
-    if not v:
-        return default
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
-    raise ValueError(f"environment variable {name}={raw!r}: expected 1 or 0 (true/false, yes/no, on/off)")
-
-
-def env_choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
-    """One of `choices` (case-insensitive; unset or empty: `default`); anything else is an error naming the
-    variable, the value and the allowed values."""
-    raw = env.get(name, "")
-    v = raw.strip().lower()
-    if not v:
-        return default
-    if v not in choices:
-        raise ValueError(f"environment variable {name}={raw!r}: allowed values are {', '.join(choices)}")
-    return v
 
 
 @dataclass(frozen=True)
 class StrategyConfig:
     """What every strategy reads from its configuration sources. `from_sources` is the one place it is read:
     the user's kwargs handlers/plugins (keyed by class name), then the environment (the launcher turns YAML
-    and CLI values into ACCELERATE_* variables; ACCELERATE_C_* are ours). Subclasses add their fields and
-    extend `_fields`."""
+    and CLI values into ACCELERATE_* variables; ACCELERATE_C_* are ours, read through base/settings.py, which
+    also checks every other one of ours then, so a bad value stops the run when the Accelerator is built).
+    Subclasses add their fields and extend `_fields`; `env` None is os.environ."""
 
     fused_optimizer: bool = True  # ACCELERATE_C_FUSED_OPTIMIZER: optimizer steps on the fused C kernels
     gradient_clipping: Optional[float] = None  # DeepSpeed's gradient_clipping: applied in every strategy's step
@@ -60,11 +32,12 @@ class StrategyConfig:
     @classmethod
     def from_sources(cls, handlers: Optional[Mapping[str, Any]] = None,
                      env: Optional[Mapping[str, str]] = None) -> "StrategyConfig":
-        return cls(**cls._fields(handlers or {}, os.environ if env is None else env))
+        settings.check(env)
+        return cls(**cls._fields(handlers or {}, env))
 
     @classmethod
-    def _fields(cls, handlers: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
-        fields: dict[str, Any] = {"fused_optimizer": env_flag(env, "ACCELERATE_C_FUSED_OPTIMIZER", True)}
+    def _fields(cls, handlers: Mapping[str, Any], env: Optional[Mapping[str, str]]) -> dict[str, Any]:
+        fields: dict[str, Any] = {"fused_optimizer": settings.get("FUSED_OPTIMIZER", env)}
         plugin = handlers.get("DeepSpeedPlugin")
         if plugin is not None:
             fields["gradient_clipping"] = deepspeed_clipping(getattr(plugin, "deepspeed_config", None) or {})

@@ -17,7 +17,8 @@ from ..base.dtypes import select
 from ..comm.coalesced import broadcast_coalesced
 from ..ddp.module import DataParallelModule, GradSync
 from . import register
-from .base import Strategy, StrategyConfig, env_choice, env_flag
+from .base import Strategy, StrategyConfig
+from ..base import settings
 
 
 _COMPRESS = select(("fp16", "bf16"), {"no": None})  # comm_hook -> reduction dtype
@@ -48,14 +49,11 @@ class DDPConfig(StrategyConfig):
     compress_dtype: Optional[torch.dtype] = None  # DistributedDataParallelKwargs.comm_hook: fp16 / bf16 reduction
 
     @classmethod
-    def _fields(cls, handlers: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    def _fields(cls, handlers: Mapping[str, Any], env: Optional[Mapping[str, str]]) -> dict[str, Any]:
         fields = super()._fields(handlers, env)
         kw = handlers.get("DistributedDataParallelKwargs")
-        fields.update(
-            grad_sync=env_choice(env, "ACCELERATE_C_GRAD_SYNC", "bucketed", ("bucketed", "reference")),
-            transport=env_choice(env, "ACCELERATE_C_COMM", "auto", ("auto", "torch")),
-            sharded_step=env_flag(env, "ACCELERATE_C_SHARDED_STEP", True),
-            compress_dtype=_compress_dtype(kw))
+        fields.update(grad_sync=settings.get("GRAD_SYNC", env), transport=settings.get("COMM", env),
+                      sharded_step=settings.get("SHARDED_STEP", env), compress_dtype=_compress_dtype(kw))
         if kw is not None:
             try:
                 fields["bucket_cap_mb"] = float(kw.bucket_cap_mb)
