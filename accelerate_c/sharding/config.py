@@ -122,7 +122,9 @@ def _wrap_fields(plugin: Any) -> dict[str, Any]:
     if policy is size_based_auto_wrap_policy:
         n = int(getattr(plugin, "min_num_params", None) or 0)
         # HF: a size-based policy with min_num_params 0 wraps nothing
-        return {"auto_wrap_policy": "size_based_wrap", "min_num_params": n} if n > 0 else {"auto_wrap_policy": "no_wrap"}
+        if n > 0:
+            return {"auto_wrap_policy": "size_based_wrap", "min_num_params": n}
+        return {"auto_wrap_policy": "no_wrap"}
     if isinstance(policy, str):
         return {"auto_wrap_policy": policy.lower()}
     return {"auto_wrap_policy": "callable", "auto_wrap_callable": policy}

@@ -19,9 +19,9 @@
 # the unit all-gathers, prefetches, frees and reduce-scatters exactly as the training ranks do; STEP / CLIP / ZERO
 # call the strategy's own step / clip_grad_norm_ / zero_grad, UNSC its unscale_. Inside an announced step nothing
 # more is announced (the mirrored step issues the same unscale and DeepSpeed clipping itself). When no rank is
-# training, every rank leaves together and takes the buffers (and replicated parameters) of the highest rank among the last to finish; the sharded
-# parameters are the same on every rank already. Averages divide by the initial world size (torch DDP's
-# divide_by_initial_world_size default, what our DDP join does).
+# training, every rank leaves together and takes the buffers (and replicated parameters) of the highest rank
+# among the last to finish; the sharded parameters are the same on every rank already. Averages divide by the
+# initial world size (torch DDP's divide_by_initial_world_size default, what our DDP join does).
 # Whether a forward syncs is agreed as at stage 0 (ddp/join.py SyncAgreement, the one owner of the rule:
 # a rank that alone wants to sync, as HF's accumulate at its own last batch, runs the iteration as accumulation).
 # Not for: the engine's buffers and hooks (engine.py, zero3.py) or stage 0 (ddp/join.py).

@@ -90,7 +90,8 @@ class DataParallel(Strategy):
     def all_reduce_sum(self, t: torch.Tensor) -> None:
         dist.all_reduce(t, group=self.group)
 
-    def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool,
+                      evaluation_mode: bool = False) -> torch.nn.Module:
         model = super().prepare_model(model, device_placement)
         if evaluation_mode:
             return model
@@ -119,12 +120,14 @@ class DataParallel(Strategy):
     def _zero_grad(self, optimizer: torch.optim.Optimizer, set_to_none: bool) -> bool:
         return super().zero_grad(optimizer, set_to_none)
 
-    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float,
+                        norm_type: float = 2.0) -> torch.Tensor:
         if self._join is not None and self._join.before_clip(max_norm, norm_type):
             return torch.tensor(float("nan"))  # clipped with the others' next step
         return self._clip_grad_norm_(parameters, max_norm, norm_type)
 
-    def _clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def _clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float,
+                         norm_type: float = 2.0) -> torch.Tensor:
         return super().clip_grad_norm_(parameters, max_norm, norm_type)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:

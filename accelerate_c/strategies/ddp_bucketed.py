@@ -96,7 +96,8 @@ class BucketedDataParallel(DataParallel):
 
     def make_sync(self, params: list[torch.nn.Parameter]) -> BucketedGradSync:
         self._bucket_group()
-        return BucketedGradSync(params, self.bucket_group, self.config.bucket_cap_mb, compress=self.config.compress_dtype)
+        return BucketedGradSync(params, self.bucket_group, self.config.bucket_cap_mb,
+                                compress=self.config.compress_dtype)
 
     def _cached_group(self) -> bool:
         """Whether the buckets' group is get_group()'s (cached, released at close)."""
