@@ -130,7 +130,7 @@ class Strategy:
         plugin = self.ctx.handlers.get("DeepSpeedPlugin")
         if plugin is None:
             return objects
-        from ..deepspeed.schema import prepare_deepspeed_objects
+        from ..deepspeed.prepare import prepare_deepspeed_objects
         objects = prepare_deepspeed_objects(plugin, objects, accelerator)
         # "auto" gradient_clipping is filled now (1.0, as HF)
         self.config = dataclasses.replace(self.config, gradient_clipping=deepspeed_clipping(plugin.deepspeed_config))
