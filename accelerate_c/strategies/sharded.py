@@ -7,9 +7,10 @@
 # all-gather of the updated shards (stages 1/2). Parameters kept out of the units (ignored_modules) are averaged
 # after each synced backward as DDP's reference path does; frozen ones are left alone. Buffers follow DDP's
 # broadcast_buffers rule (the same wrapper). HYBRID_SHARD across hosts shards over a host's ranks and averages each
-# shard gradient across hosts (_hybrid_comm). A model on the meta device (on any rank) is built shard by shard from
-# rank 0's values at prepare (sharding/construct.py).
-# Not for: the engine's buffers and hooks (sharding/), the plugins (utils/sharding_plugins.py) or checkpoint files.
+# shard gradient across hosts (_hybrid_comm). A model on the meta device (on any rank) is built shard by shard
+# from rank 0's values at prepare (sharding/construct.py).
+# Not for: the engine's buffers and hooks (sharding/), the plugins (base/fsdp_plugin.py, deepspeed/plugin.py) or
+# checkpoint files.
 from __future__ import annotations
 
 import contextlib
@@ -54,17 +55,10 @@ class ShardedDataParallel(BucketedDataParallel):
     config_class = ShardedConfig
     config: ShardedConfig
 
-    def prepare_objects(self, objects: list, accelerator: Any) -> list:
-        """The base class resolves DeepSpeed's "auto" values and Dummy objects; the engine's config then re-reads
-        what they filled (clipping, accumulation, buckets)."""
-        objects = super().prepare_objects(objects, accelerator)
-        if "DeepSpeedPlugin" in self.ctx.handlers:
-            self.config = self.config.with_resolved_deepspeed()
-        return objects
-
     @classmethod
     def applies(cls, state: Any, handlers: dict[str, Any]) -> bool:
-        return state.num_processes > 1 and ("FullyShardedDataParallelPlugin" in handlers or "DeepSpeedPlugin" in handlers)
+        return state.num_processes > 1 and ("FullyShardedDataParallelPlugin" in handlers
+                                            or "DeepSpeedPlugin" in handlers)
 
     def __init__(self, ctx: Any, config: Optional[ShardedConfig] = None) -> None:
         super().__init__(ctx, config)
@@ -130,7 +124,8 @@ class ShardedDataParallel(BucketedDataParallel):
                          world=world, cross_root=members[order[0]][mine])
 
     # -- preparation -------------------------------------------------------------------------------------------
-    def prepare_model(self, model: torch.nn.Module, device_placement: bool, evaluation_mode: bool = False) -> torch.nn.Module:
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool,
+                      evaluation_mode: bool = False) -> torch.nn.Module:
         if self.stage == 0 or evaluation_mode:
             from ..sharding.construct import construction_needed, materialize_whole
             if construction_needed(model, self._comm()):  # a meta model, whole on every rank (rank 0's values)
@@ -158,7 +153,8 @@ class ShardedDataParallel(BucketedDataParallel):
         if sync is not None:
             self._replicated.append(sync)
             engine.replicated_sync = sync
-        return DataParallelModule(model, _SyncSwitch(engine, sync), self.broadcast if self.config.broadcast_buffers else None)
+        broadcast = self.broadcast if self.config.broadcast_buffers else None
+        return DataParallelModule(model, _SyncSwitch(engine, sync), broadcast)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         if self.stage == 0:
@@ -259,7 +255,8 @@ class ShardedDataParallel(BucketedDataParallel):
                         p.grad.zero_()
         return True
 
-    def _clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def _clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float,
+                         norm_type: float = 2.0) -> torch.Tensor:
         if self.stage == 0 or not self.sharded:
             return super()._clip_grad_norm_(parameters, max_norm, norm_type)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
@@ -294,12 +291,10 @@ class ShardedDataParallel(BucketedDataParallel):
         only, None on the others (DeepSpeed's _zero3_consolidated_16bit_state_dict), and only with
         stage3_gather_16bit_weights_on_model_save (else HF's ValueError, on every rank before any collective);
         ZeRO 0-2 on every rank (the module's own weights)."""
-        deepspeed = "DeepSpeedPlugin" in self.ctx.handlers
-        dtype = self.saved_weights_dtype() if deepspeed else None
-        everywhere = deepspeed and self.stage < 3
-        out = self.gather_state_dict(model, dtype, rank0_only=not everywhere)
-        if deepspeed and not everywhere and self.state.process_index != 0:
-            return None
+        everywhere = self.deepspeed.state_dict_everywhere(self.stage)
+        out = self.gather_state_dict(model, self.saved_weights_dtype(), rank0_only=not everywhere)
+        if not everywhere and self.state.process_index != 0:
+            return self.deepspeed.state_dict_off_rank0(out)
         return out
 
     def hooks_get_no_weights(self) -> bool:
