@@ -7,8 +7,8 @@
 # all-gather of the updated shards (stages 1/2). Parameters kept out of the units (ignored_modules) are averaged
 # after each synced backward as DDP's reference path does; frozen ones are left alone. Buffers follow DDP's
 # broadcast_buffers rule (the same wrapper). HYBRID_SHARD across hosts shards over a host's ranks and averages each
-# shard gradient across hosts (_hybrid_comm). A model on the meta device (on any rank) is built shard by shard
-# from rank 0's values at prepare (sharding/construct.py).
+# shard gradient across hosts (sharding/comm.py hybrid_shard_comm). A model on the meta device (on any rank) is
+# built shard by shard from rank 0's values at prepare (sharding/construct.py).
 # Not for: the engine's buffers and hooks (sharding/), the plugins (base/fsdp_plugin.py, deepspeed/plugin.py) or
 # checkpoint files.
 from __future__ import annotations
@@ -87,41 +87,16 @@ class ShardedDataParallel(BucketedDataParallel):
     def _comm(self) -> Any:
         if self.comm is None:
             from ..comm import TorchGroup, get_group
-            from ..sharding.comm import ShardComm
+            from ..sharding.comm import ShardComm, hybrid_shard_comm
             device = self.state.device
             cpu_shm = device.type == "cpu" and self.config.transport != "torch"
             group = get_group() if cpu_shm else TorchGroup()
             host = group.host_group()
             if self.config.hybrid and host is not None and host.size != group.size:
-                self.comm = self._hybrid_comm(group, host, device)
+                self.comm = hybrid_shard_comm(group, host, device)
             else:
                 self.comm = ShardComm(group, device)
         return self.comm
-
-    def _hybrid_comm(self, world: Any, host: Any, device: torch.device) -> Any:
-        """HYBRID_SHARD across hosts: shard over this host's ranks (shared memory), replicate across hosts: the ranks
-        with the same local index on every host form a torch process group (collective: every rank creates every
-        such group, in the same order)."""
-        import torch.distributed as dist
-        from ..comm import host_id
-        from ..sharding.comm import ShardComm
-        hosts: list = [None] * world.size
-        dist.all_gather_object(hosts, host_id())
-        order = list(dict.fromkeys(hosts))
-        members = {h: [r for r, x in enumerate(hosts) if x == h] for h in order}
-        sizes = {len(m) for m in members.values()}
-        if len(sizes) != 1:
-            raise ValueError(f"HYBRID_SHARD needs the same number of processes on every host; got "
-                             f"{ {h: len(m) for h, m in members.items()} }")
-        local = sizes.pop()
-        cross = None
-        mine = members[hosts[world.rank]].index(world.rank)
-        for i in range(local):
-            g = dist.new_group([members[h][i] for h in order])
-            if i == mine:
-                cross = g
-        return ShardComm(host, device, cross=cross, replicas=len(order), replica=order.index(hosts[world.rank]),
-                         world=world, cross_root=members[order[0]][mine])
 
     # -- preparation -------------------------------------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module, device_placement: bool,
