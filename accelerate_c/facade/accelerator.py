@@ -17,11 +17,12 @@ from .. import _C
 from .checkpoint_api import CheckpointAPI
 from ..optimizer import AcceleratedOptimizer
 from ..precision.policy import make_precision
+from .plugins import sharding_plugins
 from .probes import AcceleratorProbes
 from .run_properties import RunProperties
 from .process_api import ProcessAPI
 from ..scheduler import AcceleratedScheduler
-from ..runtime.state import AcceleratorState, GradientState, _env_flag, sharding_plugins
+from ..runtime.state import AcceleratorState, GradientState, _env_flag
 from ..strategies import StrategyContext, select_strategy
 from .tracking_api import TrackingAPI
 from ..base.dataclasses import (DataLoaderConfiguration, GradientAccumulationPlugin, KwargsHandler,
