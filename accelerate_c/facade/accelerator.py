@@ -63,20 +63,7 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         else:
             self.project_configuration = ProjectConfiguration(project_dir=project_dir)
 
-        self.handlers: dict[str, KwargsHandler] = {}
-        for handler in kwargs_handlers or []:
-            if not isinstance(handler, KwargsHandler):
-                raise ValueError(f"Unsupported kwargs handler passed: {handler!r}; expected KwargsHandler instances")
-            key = type(handler).__name__
-            if key in self.handlers:
-                raise ValueError(f"You can only pass one {key} in `kwargs_handlers`.")
-            self.handlers[key] = handler
-        self.ddp_handler = self.handlers.get("DistributedDataParallelKwargs")
-        self.scaler_handler = self.handlers.get("GradScalerKwargs")
-        self.init_handler = self.handlers.get("InitProcessGroupKwargs")
-        self.autocast_handler = self.handlers.get("AutocastKwargs")
-        self.fp8_recipe_handler = self.handlers.get("FP8RecipeKwargs")
-        self.profile_handler = self.handlers.get("ProfileKwargs")
+        self._init_handlers(kwargs_handlers)
 
         if dynamo_plugin is not None and dynamo_backend is not None:
             raise ValueError("You cannot pass in both `dynamo_plugin` and `dynamo_backend`, please only pass in one.")
@@ -91,24 +78,7 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         self.handlers.update({type(p).__name__: p for p in (fsdp_plugin, active_ds or deepspeed_plugin)
                               if p is not None and not isinstance(p, dict)})
 
-        if gradient_accumulation_plugin is not None:
-            if gradient_accumulation_steps != 1:
-                raise ValueError("You can only pass one of `gradient_accumulation_steps` and "
-                                 "`gradient_accumulation_plugin`. Please only pass in the created "
-                                 "`GradientAccumulationPlugin` object.")
-        else:
-            steps = gradient_accumulation_steps
-            env_steps = os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
-            if steps == 1 and env_steps:
-                steps = int(env_steps)
-            gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=steps)
-        if gradient_accumulation_plugin.num_steps is not None and gradient_accumulation_plugin.num_steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_plugin.num_steps}")
-        self.gradient_state = GradientState(gradient_accumulation_plugin=gradient_accumulation_plugin)
-        self.gradient_state._attach(self)
-        self._gradient_accumulation_steps = self.gradient_state.num_steps
-        self._sync_each_batch = bool(gradient_accumulation_plugin.sync_each_batch)
-        self._sync_with_dataloader = bool(gradient_accumulation_plugin.sync_with_dataloader)
+        self._init_gradient_accumulation(gradient_accumulation_plugin, gradient_accumulation_steps)
 
         self.device_placement = device_placement
         self.dataloader_config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
@@ -137,6 +107,46 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         self._custom_objects: list = []
         self._save_model_state_pre_hook: dict = {}
         self._load_model_state_pre_hook: dict = {}
+
+    def _init_handlers(self, kwargs_handlers: Optional[list]) -> None:
+        """The user's kwargs handlers, one per class, keyed by class name (the strategies' and the precision's
+        config source; the sharding plugins join them once the state is built), and HF's handler attributes."""
+        self.handlers: dict[str, KwargsHandler] = {}
+        for handler in kwargs_handlers or []:
+            if not isinstance(handler, KwargsHandler):
+                raise ValueError(f"Unsupported kwargs handler passed: {handler!r}; expected KwargsHandler instances")
+            key = type(handler).__name__
+            if key in self.handlers:
+                raise ValueError(f"You can only pass one {key} in `kwargs_handlers`.")
+            self.handlers[key] = handler
+        self.ddp_handler = self.handlers.get("DistributedDataParallelKwargs")
+        self.scaler_handler = self.handlers.get("GradScalerKwargs")
+        self.init_handler = self.handlers.get("InitProcessGroupKwargs")
+        self.autocast_handler = self.handlers.get("AutocastKwargs")
+        self.fp8_recipe_handler = self.handlers.get("FP8RecipeKwargs")
+        self.profile_handler = self.handlers.get("ProfileKwargs")
+
+    def _init_gradient_accumulation(self, plugin: Optional[GradientAccumulationPlugin], steps: int) -> None:
+        """The GradientAccumulationPlugin (or `gradient_accumulation_steps`, else
+        ACCELERATE_GRADIENT_ACCUMULATION_STEPS), the GradientState attached to this Accelerator, and the per-step
+        settings the C base type reads."""
+        if plugin is not None:
+            if steps != 1:
+                raise ValueError("You can only pass one of `gradient_accumulation_steps` and "
+                                 "`gradient_accumulation_plugin`. Please only pass in the created "
+                                 "`GradientAccumulationPlugin` object.")
+        else:
+            env_steps = os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
+            if steps == 1 and env_steps:
+                steps = int(env_steps)
+            plugin = GradientAccumulationPlugin(num_steps=steps)
+        if plugin.num_steps is not None and plugin.num_steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {plugin.num_steps}")
+        self.gradient_state = GradientState(gradient_accumulation_plugin=plugin)
+        self.gradient_state._attach(self)
+        self._gradient_accumulation_steps = self.gradient_state.num_steps
+        self._sync_each_batch = bool(plugin.sync_each_batch)
+        self._sync_with_dataloader = bool(plugin.sync_with_dataloader)
 
     # -- prepare ---------------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: Optional[list] = None) -> Any:
@@ -180,7 +190,8 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         model._is_accelerate_prepared = True
         return model
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: Optional[bool] = None) -> AcceleratedOptimizer:
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer,
+                          device_placement: Optional[bool] = None) -> AcceleratedOptimizer:
         if isinstance(optimizer, AcceleratedOptimizer):
             return optimizer
         if device_placement is None:
@@ -285,7 +296,10 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
             yield
 
     def _inner_optimizers(self, optimizer: Any = None) -> list:
-        opts = self._optimizers if optimizer is None else (optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])
+        if optimizer is None:
+            opts = self._optimizers
+        else:
+            opts = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
         return [getattr(o, "optimizer", o) for o in opts]
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
