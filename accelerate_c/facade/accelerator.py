@@ -30,7 +30,6 @@ from ..base.dataclasses import (DataLoaderConfiguration, GradientAccumulationPlu
 from ..runtime.memory import release_memory
 from ..runtime.models import compile_model, extract_model_from_parallel
 
-_MP_CODES = {"no": 0, "fp16": 1, "bf16": 2, "fp8": 3}
 _UNSET = object()
 
 
@@ -91,7 +90,6 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         self._num_processes = self.state.num_processes
         self._process_index = self.state.process_index
         self._local_process_index = self.state.local_process_index
-        self._mixed_precision_code = _MP_CODES[self.state.mixed_precision]
         self.strategy = select_strategy(StrategyContext(self.state, self.handlers))
         # the precision's C kernels (fp16 unscale) follow the same switch as the strategy's optimizer step
         self.precision = make_precision(self.state.mixed_precision, self.device, self.handlers,
