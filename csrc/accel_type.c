@@ -22,7 +22,6 @@ typedef struct {
     Py_ssize_t process_index;
     Py_ssize_t local_process_index;
     Py_ssize_t optimizer_steps;            /* completed (synchronised) optimizer steps */
-    int mixed_precision_code;              /* 0 no, 1 fp16, 2 bf16, 3 fp8 */
     char sync_gradients;
     char sync_with_dataloader;
     char end_of_dataloader;
@@ -90,7 +89,6 @@ static PyMemberDef Accelerator_members[] = {
     {"_process_index", T_PYSSIZET, offsetof(AcceleratorObject, process_index), 0, NULL},
     {"_local_process_index", T_PYSSIZET, offsetof(AcceleratorObject, local_process_index), 0, NULL},
     {"_optimizer_steps", T_PYSSIZET, offsetof(AcceleratorObject, optimizer_steps), 0, NULL},
-    {"_mixed_precision_code", T_INT, offsetof(AcceleratorObject, mixed_precision_code), 0, NULL},
     {"_sync_gradients", T_BOOL, offsetof(AcceleratorObject, sync_gradients), 0, NULL},
     {"_sync_with_dataloader", T_BOOL, offsetof(AcceleratorObject, sync_with_dataloader), 0, NULL},
     {"_end_of_dataloader", T_BOOL, offsetof(AcceleratorObject, end_of_dataloader), 0, NULL},

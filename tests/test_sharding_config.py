@@ -18,7 +18,8 @@ from torch.distributed.fsdp import (CPUOffload, CPUOffloadPolicy, MixedPrecision
 
 import accelerate.utils as hf_utils
 from accelerate_c.sharding.config import ShardedConfig
-from accelerate_c.deepspeed.schema import DeepSpeedConfigError, prepare_deepspeed_objects
+from accelerate_c.deepspeed.prepare import prepare_deepspeed_objects
+from accelerate_c.deepspeed.schema import DeepSpeedConfigError
 from accelerate_c.utils.deepspeed_plugin import DeepSpeedPlugin, DummyOptim, DummyScheduler
 from accelerate_c.utils.sharding_plugins import FullyShardedDataParallelPlugin as FSDP
 

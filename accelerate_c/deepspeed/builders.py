@@ -2,7 +2,8 @@
 # "scheduler" block describes (what DeepSpeed builds behind DummyOptim / DummyScheduler): Adam/AdamW/SGD on
 # accelerate_c.optim's fused kernels, and DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR schedules (same
 # formulas, same step numbering) as torch LRSchedulers. Any other type or parameter is an error naming it.
-# Not for: parsing/validating the rest of the JSON or the "auto" values (deepspeed_json.py).
+# Not for: the blocks' accepted types and parameters, or the rest of the JSON (schema.py); "auto" values
+# (prepare.py).
 from __future__ import annotations
 
 import math
@@ -10,19 +11,7 @@ from typing import Any
 
 import torch
 
-from .schema import DeepSpeedConfigError
-
-# type (DeepSpeed lower-cases its own optimizer names) -> accepted params with DeepSpeed's defaults
-_ADAM_PARAMS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "adam_w_mode": True,
-                "torch_adam": False, "bias_correction": True, "amsgrad": False}
-OPTIMIZERS = {"adam": _ADAM_PARAMS, "adamw": _ADAM_PARAMS,
-              "sgd": {"lr": None, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False}}
-SCHEDULERS = {"WarmupLR": {"warmup_min_lr": 0.0, "warmup_max_lr": None, "warmup_num_steps": 1000,
-                           "warmup_type": "log", "last_batch_iteration": -1},
-              "WarmupDecayLR": {"total_num_steps": None, "warmup_min_lr": 0.0, "warmup_max_lr": 0.001,
-                                "warmup_num_steps": 1000, "warmup_type": "log", "last_batch_iteration": -1},
-              "WarmupCosineLR": {"total_num_steps": None, "warmup_min_ratio": 0.0, "warmup_num_steps": 1000,
-                                 "cos_min_ratio": 0.0001, "warmup_type": "log", "last_batch_iteration": -1}}
+from .schema import OPTIMIZERS, SCHEDULERS, DeepSpeedConfigError, optimizer_kind
 
 
 def _params(block: dict, kind: str, accepted: dict) -> dict:
@@ -38,35 +27,10 @@ def _params(block: dict, kind: str, accepted: dict) -> dict:
     return {**accepted, **given}
 
 
-def _optimizer_kind(block: dict) -> str:
-    name = str(block["type"])
-    kind = name.lower() if name.lower() in ("adam", "adamw") else name
-    if kind not in ("adam", "adamw", "SGD"):
-        raise DeepSpeedConfigError(f"DeepSpeed config `optimizer.type`: {name!r} is not supported by accelerate_c; "
-                                   "supported: Adam, AdamW (DeepSpeed's names, any case), SGD")
-    return kind
-
-
-def check_block(kind: str, block: dict) -> None:
-    """At plugin construction: the type and parameter names of the "optimizer" / "scheduler" block are ones we
-    build (values may still be "auto"; they are checked when built at prepare)."""
-    if kind == "optimizer":
-        accepted = OPTIMIZERS[_optimizer_kind(block).lower()]
-    elif str(block["type"]) in SCHEDULERS:
-        accepted = SCHEDULERS[str(block["type"])]
-    else:
-        raise DeepSpeedConfigError(f"DeepSpeed config `scheduler.type`: {block['type']!r} is not supported by "
-                                   f"accelerate_c; supported: {', '.join(SCHEDULERS)}")
-    unknown = sorted(set(block.get("params") or {}) - set(accepted))
-    if unknown:
-        raise DeepSpeedConfigError(f"DeepSpeed config `{kind}.params.{unknown[0]}` is not supported by accelerate_c "
-                                   f"for {kind} type {block['type']!r}; supported: {', '.join(accepted)}")
-
-
 def build_optimizer(block: dict, params: Any) -> torch.optim.Optimizer:
     """The optimizer of the JSON "optimizer" block over `params` (DummyOptim.params)."""
     from ..optim import SGD, Adam, AdamW
-    kind = _optimizer_kind(block)
+    kind = optimizer_kind(block)
     if kind == "SGD":
         p = _params(block, "optimizer", OPTIMIZERS["sgd"])
         return SGD(params, **p)
@@ -171,7 +135,8 @@ class WarmupDecayLR(WarmupLR):
     def _gamma(self, it: int) -> float:
         if it < self.warmup_num_steps:
             return self._warmup_gamma(it)
-        return max(0.0, float(self.total_num_steps - it) / float(max(1.0, self.total_num_steps - self.warmup_num_steps)))
+        decay_steps = float(max(1.0, self.total_num_steps - self.warmup_num_steps))
+        return max(0.0, float(self.total_num_steps - it) / decay_steps)
 
 
 class WarmupCosineLR(_DeepSpeedSchedule):

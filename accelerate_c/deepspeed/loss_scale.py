@@ -1,11 +1,11 @@
-# accelerate_c/deepspeed/loss_scale.py: DeepSpeed's fp16 loss scaling for runs configured through a DeepSpeedPlugin: the
-# JSON "fp16" block (loss_scale, initial_scale_power, loss_scale_window, hysteresis, consecutive_hysteresis,
-# min_loss_scale) read into a scaler with DeepSpeed's rules (its DynamicLossScaler / static LossScaler), on the
-# surface of torch.amp.GradScaler (scale, unscale_, step, update, get_scale, state_dict), so precision.py's fp16
-# path drives it exactly as it drives torch's scaler. The overflow decision it is given is already agreed across
-# ranks (Strategy.unscale_): every rank updates the same state.
-# Not for: when to unscale or step (precision.py, strategies/base.py Strategy.step), the JSON schema
-# (sharding/deepspeed_json.py).
+# accelerate_c/deepspeed/loss_scale.py: DeepSpeed's fp16 loss scaling for runs configured through a
+# DeepSpeedPlugin: the JSON "fp16" block (loss_scale, initial_scale_power, loss_scale_window, hysteresis,
+# consecutive_hysteresis, min_loss_scale) read into a scaler with DeepSpeed's rules (its DynamicLossScaler / static
+# LossScaler), on the surface of torch.amp.GradScaler (scale, unscale_, step, update, get_scale, state_dict), so
+# precision/policy.py's fp16 path drives it exactly as it drives torch's scaler. The overflow decision it is given
+# is already agreed across ranks (Strategy.unscale_): every rank updates the same state.
+# Not for: when to unscale or step (precision/policy.py, strategies/base.py Strategy.step), the JSON schema
+# (schema.py).
 from __future__ import annotations
 
 from collections import defaultdict
@@ -85,8 +85,9 @@ class DeepSpeedLossScaler(torch.amp.GradScaler):
             if found_inf:
                 if self._hysteresis == 1 or self._cur_hysteresis == 1:
                     if cur == self._min_scale:
-                        raise RuntimeError(f"fp16 loss scale is already at DeepSpeed's min_loss_scale={self._min_scale} "
-                                           "and the gradients overflowed again: cannot decrease the scale further")
+                        raise RuntimeError("fp16 loss scale is already at DeepSpeed's "
+                                           f"min_loss_scale={self._min_scale} and the gradients overflowed again: "
+                                           "cannot decrease the scale further")
                     cur = max(cur / 2.0, self._min_scale)
                 else:
                     self._cur_hysteresis -= 1

@@ -1,8 +1,9 @@
 # accelerate_c/deepspeed/plugin.py: HF Accelerate's DeepSpeedPlugin (HF 1.15 fields, defaults and
 # ACCELERATE_DEEPSPEED_* fallbacks; `hf_ds_config` a JSON path, JSON/base64 string or dict; without one the config
 # is synthesised from the fields as HF does), DummyOptim and DummyScheduler. DeepSpeed itself is never imported: the
-# JSON is validated against what accelerate_c implements (sharding/deepspeed_json.py) and drives its sharded engine.
-# Not for: the JSON schema and "auto" resolution (sharding/deepspeed_json.py), the FSDP plugin (sharding_plugins.py).
+# JSON is validated against what accelerate_c implements (schema.py) and drives its sharded engine.
+# Not for: the JSON schema (schema.py), "auto" resolution at prepare (prepare.py), the FSDP plugin
+# (base/fsdp_plugin.py).
 from __future__ import annotations
 
 import contextlib
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 from ..base import settings
+from .schema import HfDeepSpeedConfig, validate_config, warn_hints
 
 # plugin field -> dotted JSON key (HF's mapping)
 PLUGIN_TO_CONFIG = {"gradient_accumulation_steps": "gradient_accumulation_steps",
@@ -58,8 +60,6 @@ class DeepSpeedPlugin:
     msamp_opt_level: Optional[str] = None
 
     def __post_init__(self) -> None:
-        from .schema import HfDeepSpeedConfig, validate_config, warn_hints
-
         if self.gradient_accumulation_steps is None:
             gas = os.environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "auto")
             self.gradient_accumulation_steps = int(gas) if gas.isdigit() else gas
@@ -88,9 +88,9 @@ class DeepSpeedPlugin:
 
         if isinstance(self.hf_ds_config, dict) or hasattr(self.hf_ds_config, "config") or (
                 isinstance(self.hf_ds_config, str) and self.hf_ds_config != "none"):
-            self._from_config(HfDeepSpeedConfig)
+            self._from_config()
         else:
-            self._synthesise(HfDeepSpeedConfig)
+            self._synthesise()
         self.deepspeed_config = self.hf_ds_config.config
         self.deepspeed_config["steps_per_print"] = float("inf")  # as HF: no DeepSpeed-style progress lines
         if self.zero3_init_flag is None:
@@ -110,7 +110,7 @@ class DeepSpeedPlugin:
                                       " ZeRO-3 MoE leaf modules are not supported by accelerate_c yet")
         warn_hints(validate_config(self.deepspeed_config))
 
-    def _from_config(self, HfDeepSpeedConfig: type) -> None:
+    def _from_config(self) -> None:
         if not isinstance(self.hf_ds_config, HfDeepSpeedConfig):
             self.hf_ds_config = HfDeepSpeedConfig(self.hf_ds_config)
         config = self.hf_ds_config.config
@@ -127,7 +127,7 @@ class DeepSpeedPlugin:
             if value is not None and value != "auto":
                 setattr(self, key, value)
 
-    def _synthesise(self, HfDeepSpeedConfig: type) -> None:
+    def _synthesise(self) -> None:
         def offload(device: str, path: str) -> dict:
             return {"device": device, "nvme_path": path if device == "nvme" else None}
 

@@ -1,24 +1,21 @@
-# accelerate_c/deepspeed/schema.py: the DeepSpeed JSON config without DeepSpeed. HfDeepSpeedConfig (HF's
-# query object: dotted-key lookups, stage, offload), the schema of the fields accelerate_c implements (any other
-# field is an error naming its dotted path), the batch-size consistency rule (train = micro * GA * world), and the
-# prepare-time resolution of "auto" values and DummyOptim/DummyScheduler (`prepare_deepspeed_objects`, which the
-# sharded strategy calls from Strategy.prepare_objects), with HF 1.15's checks and error conditions.
-# Not for: the plugin class (utils/deepspeed_plugin.py), building optimizers/schedulers (deepspeed_builders.py),
-# or the engine (it reads the resolved JSON through ShardedConfig.deepspeed_config).
+# accelerate_c/deepspeed/schema.py: the DeepSpeed JSON config without DeepSpeed, at the bottom of the package (it
+# imports nothing else of it). HfDeepSpeedConfig (HF's query object: dotted-key lookups, stage, offload), the schema
+# of the fields accelerate_c implements (any other field is an error naming its dotted path, DeepSpeedConfigError),
+# the types and parameter names of the "optimizer" / "scheduler" blocks it builds, the batch-size consistency rule
+# (train = micro * GA * world), and the readers of resolved values (gradient_clipping, communication_dtype).
+# Not for: the plugin class (plugin.py), filling "auto" values at prepare (prepare.py), building the optimizer and
+# scheduler objects (builders.py), or the engine (it reads the resolved JSON through ShardedConfig.deepspeed_config).
 from __future__ import annotations
 
 import base64
 import copy
 import json
-import logging
-import math
 import os
 import warnings
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 
-logger = logging.getLogger(__name__)
 AUTO = "auto"
 
 # Field -> (kind, "auto" allowed, effect). kind: int | num | bool | stage | device | path | name | false | true |
@@ -71,8 +68,21 @@ SCHEMA: dict[str, tuple[str, bool, str]] = {
 }
 BLOCKS = ("fp16", "bf16", "zero_optimization", "zero_optimization.offload_optimizer", "zero_optimization.offload_param",
           "optimizer", "scheduler")
-FREE_BLOCKS = ("optimizer.params", "scheduler.params")  # checked by deepspeed_builders.py against the type
+FREE_BLOCKS = ("optimizer.params", "scheduler.params")  # checked against the type (check_block)
 _HF_INSERTED = ("steps_per_print",)  # HF's plugin always writes it: never warned about
+
+# the "optimizer" / "scheduler" blocks accelerate_c builds (builders.py): type (DeepSpeed lower-cases its own
+# optimizer names) -> accepted params with DeepSpeed's defaults (None: required)
+_ADAM_PARAMS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "adam_w_mode": True,
+                "torch_adam": False, "bias_correction": True, "amsgrad": False}
+OPTIMIZERS = {"adam": _ADAM_PARAMS, "adamw": _ADAM_PARAMS,
+              "sgd": {"lr": None, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False}}
+SCHEDULERS = {"WarmupLR": {"warmup_min_lr": 0.0, "warmup_max_lr": None, "warmup_num_steps": 1000,
+                           "warmup_type": "log", "last_batch_iteration": -1},
+              "WarmupDecayLR": {"total_num_steps": None, "warmup_min_lr": 0.0, "warmup_max_lr": 0.001,
+                                "warmup_num_steps": 1000, "warmup_type": "log", "last_batch_iteration": -1},
+              "WarmupCosineLR": {"total_num_steps": None, "warmup_min_ratio": 0.0, "warmup_num_steps": 1000,
+                                 "cos_min_ratio": 0.0001, "warmup_type": "log", "last_batch_iteration": -1}}
 
 
 COMM_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "bfp16": torch.bfloat16}
@@ -85,6 +95,14 @@ def communication_dtype(config: dict) -> Optional[torch.dtype]:
         return None
     _check_value("communication_data_type", "dtype", False, value)
     return COMM_DTYPES[value.lower()]
+
+
+def gradient_clipping(config: Mapping[str, Any]) -> Optional[float]:
+    """DeepSpeed's gradient_clipping from its JSON: a positive number clips; absent, 0 or still "auto": none."""
+    clip = config.get("gradient_clipping")
+    if isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip > 0:
+        return float(clip)
+    return None
 
 
 class DeepSpeedConfigError(ValueError):
@@ -218,9 +236,34 @@ def validate_config(config: dict, _prefix: str = "") -> list[str]:
         if not _prefix and block in config:
             if "type" not in config[block]:
                 raise DeepSpeedConfigError(f"DeepSpeed config `{block}`: the block needs a `type`")
-            from .builders import check_block
             check_block(block, config[block])
     return hints
+
+
+def optimizer_kind(block: dict) -> str:
+    """The "optimizer" block's type as a key of OPTIMIZERS ("SGD" kept as spelled); any other type is an error."""
+    name = str(block["type"])
+    kind = name.lower() if name.lower() in ("adam", "adamw") else name
+    if kind not in ("adam", "adamw", "SGD"):
+        raise DeepSpeedConfigError(f"DeepSpeed config `optimizer.type`: {name!r} is not supported by accelerate_c; "
+                                   "supported: Adam, AdamW (DeepSpeed's names, any case), SGD")
+    return kind
+
+
+def check_block(kind: str, block: dict) -> None:
+    """At plugin construction: the type and parameter names of the "optimizer" / "scheduler" block are ones we
+    build (values may still be "auto"; they are checked when built at prepare)."""
+    if kind == "optimizer":
+        accepted = OPTIMIZERS[optimizer_kind(block).lower()]
+    elif str(block["type"]) in SCHEDULERS:
+        accepted = SCHEDULERS[str(block["type"])]
+    else:
+        raise DeepSpeedConfigError(f"DeepSpeed config `scheduler.type`: {block['type']!r} is not supported by "
+                                   f"accelerate_c; supported: {', '.join(SCHEDULERS)}")
+    unknown = sorted(set(block.get("params") or {}) - set(accepted))
+    if unknown:
+        raise DeepSpeedConfigError(f"DeepSpeed config `{kind}.params.{unknown[0]}` is not supported by accelerate_c "
+                                   f"for {kind} type {block['type']!r}; supported: {', '.join(accepted)}")
 
 
 def warn_hints(hints: list[str]) -> None:
@@ -260,166 +303,3 @@ def resolve_batch_sizes(config: dict, world: int) -> None:
             f"gradient_accumulation_steps * world_size: {train} != {micro} * {ga} * {world}")
     config.update(train_batch_size=int(train), train_micro_batch_size_per_gpu=int(micro),
                   gradient_accumulation_steps=int(ga))
-
-
-# -- prepare time: "auto" and the Dummy objects ---------------------------------------------------------------
-_warned_offload = False
-
-
-def _say_offload_is_noop(config: dict, device: torch.device) -> None:
-    global _warned_offload
-    zero = config.get("zero_optimization", {})
-    offloaded = [f"zero_optimization.{k}.device=cpu" for k in ("offload_optimizer", "offload_param")
-                 if zero.get(k, {}).get("device") == "cpu"]
-    if offloaded and device.type == "cpu" and not _warned_offload:
-        _warned_offload = True
-        warnings.warn(f"DeepSpeed config {', '.join(offloaded)}: this run is on CPU already, so offloading to CPU "
-                      "is a no-op", UserWarning, stacklevel=3)
-
-
-def prepare_deepspeed_objects(plugin: Any, objects: list, accelerator: Any) -> list:
-    """HF 1.15's _prepare_deepspeed, minus DeepSpeed: fills the plugin's "auto" values from the Accelerator and the
-    objects of this prepare() call (dataloader batch size, GA steps, world size, DummyOptim lr/weight_decay,
-    DummyScheduler warmup/total steps, the model's hidden size), checks the optimizer/scheduler rules and the batch
-    sizes, and returns the list with each DummyOptim/DummyScheduler replaced by the real optimizer/scheduler the
-    JSON describes (same length and order). May set accelerator.gradient_accumulation_steps (DeepSpeed's wins).
-    "auto" is resolved per Accelerator (DeepSpeedPlugin.filling_for)."""
-    token = accelerator.__dict__.setdefault("_ds_fill_token", object())  # (no reference to the Accelerator kept)
-    with plugin.filling_for(token):
-        return _prepare_deepspeed_objects(plugin, objects, accelerator)
-
-
-def _prepare_deepspeed_objects(plugin: Any, objects: list, accelerator: Any) -> list:
-    from .plugin import DummyOptim, DummyScheduler
-    from .builders import build_optimizer, build_scheduler, is_ds_scheduler
-
-    config = plugin.deepspeed_config
-    world = accelerator.num_processes
-    loaders = [o for o in objects if isinstance(o, torch.utils.data.DataLoader)]
-    micro = None
-    if plugin.is_auto("train_micro_batch_size_per_gpu"):
-        if not loaders:
-            raise ValueError(
-                "When using DeepSpeed, `accelerate.prepare()` requires you to pass at least one of training or "
-                "evaluation dataloaders with `batch_size` attribute returning an integer value or alternatively set "
-                "an integer value in `train_micro_batch_size_per_gpu` in the deepspeed config file or assign integer "
-                "value to `AcceleratorState().deepspeed_plugin.deepspeed_config['train_micro_batch_size_per_gpu']`.")
-        sizes = [getattr(o, "batch_size", None) for o in loaders]
-        if any(bs is None for bs in sizes):
-            raise ValueError("At least one of the dataloaders passed to `accelerate.prepare()` has `None` as batch "
-                             "size. Please set an integer value in `train_micro_batch_size_per_gpu` in the deepspeed "
-                             "config file or assign integer value to `AcceleratorState().deepspeed_plugin."
-                             "deepspeed_config['train_micro_batch_size_per_gpu']`.")
-        if accelerator.split_batches:
-            sizes = [bs // world for bs in sizes]
-        micro = min(sizes) if plugin.is_train_batch_min else max(sizes)
-    else:
-        micro = plugin.get_value("train_micro_batch_size_per_gpu")
-
-    plugin.fill_match("gradient_accumulation_steps", must_match=False,
-                      gradient_accumulation_steps=accelerator.gradient_accumulation_steps)
-    ds_ga = plugin.get_value("gradient_accumulation_steps")
-    if ds_ga != accelerator.gradient_accumulation_steps:
-        logger.warning(f"Gradient accumulation steps mismatch: GradientAccumulationPlugin has "
-                       f"{accelerator.gradient_accumulation_steps}, DeepSpeed config has {ds_ga}. Using DeepSpeed's "
-                       "value.")
-        accelerator.gradient_accumulation_steps = ds_ga
-
-    kwargs: dict[str, Any] = {"gradient_clipping": 1.0,
-                              "zero_optimization.stage3_gather_16bit_weights_on_model_save": False}
-    if micro is not None:
-        kwargs["train_micro_batch_size_per_gpu"] = micro
-        kwargs["train_batch_size"] = micro * plugin.get_value("gradient_accumulation_steps") * world
-
-    model = next((o for o in objects if isinstance(o, torch.nn.Module)), None)
-    optimizer = next((o for o in objects if isinstance(o, (torch.optim.Optimizer, DummyOptim))), None)
-    scheduler = next((o for o in objects if isinstance(o, (torch.optim.lr_scheduler.LRScheduler, DummyScheduler))
-                      or is_ds_scheduler(o)), None)
-    _check_dummies(config, optimizer, scheduler, DummyOptim, DummyScheduler)
-    if isinstance(optimizer, torch.optim.Optimizer):
-        config["zero_allow_untested_optimizer"] = True
-    if model is None:
-        return objects
-
-    for block, obj, dummy in (("optimizer", optimizer, "DummyOptim"), ("scheduler", scheduler, "DummyScheduler")):
-        if block in config and obj is None:  # DeepSpeed would build and run it behind the model: so must we
-            raise ValueError(f"The DeepSpeed config has a `{block}` block: pass a `{dummy}` to the same prepare() "
-                             f"call as the model (accelerate_c builds the {block} there)")
-    _fill_hidden_size_keys(plugin, model, kwargs)
-    if isinstance(optimizer, DummyOptim):
-        kwargs.update({"optimizer.params.lr": optimizer.lr, "optimizer.params.weight_decay": optimizer.weight_decay})
-        for key in ("betas", "eps"):  # ours: also from DummyOptim(..., betas=, eps=) when given (HF: an error)
-            if key in optimizer.kwargs:
-                kwargs[f"optimizer.params.{key}"] = optimizer.kwargs[key]
-    if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is None:
-        opt = scheduler.optimizer
-        max_lr = getattr(opt, "lr", None) if getattr(opt, "defaults", None) is None else opt.defaults["lr"]
-        kwargs.update({"scheduler.params.warmup_min_lr": 0, "scheduler.params.warmup_max_lr": max_lr,
-                       "scheduler.params.warmup_num_steps": max(1, scheduler.warmup_num_steps)})
-        if scheduler.total_num_steps is not None:
-            kwargs["scheduler.params.total_num_steps"] = (scheduler.total_num_steps if accelerator.split_batches
-                                                          else math.ceil(scheduler.total_num_steps / world))
-    plugin.deepspeed_config_process(must_match=False, **kwargs)
-    resolve_batch_sizes(config, world)
-    accelerator.deepspeed_config = config
-    _say_offload_is_noop(config, accelerator.device)
-
-    out = list(objects)
-    real_opt = None
-    for i, obj in enumerate(out):
-        if isinstance(obj, DummyOptim):
-            real_opt = out[i] = build_optimizer(config["optimizer"], obj.params)
-    calls_per_step = 1 if accelerator.split_batches else world  # AcceleratedScheduler's steps per optimizer step
-    for i, obj in enumerate(out):
-        if isinstance(obj, DummyScheduler):
-            target = real_opt if real_opt is not None else obj.optimizer
-            if "scheduler" in config:
-                out[i] = build_scheduler(config["scheduler"], target, calls_per_step)
-            else:
-                out[i] = obj.lr_scheduler_callable(target)
-    return out
-
-
-def _check_dummies(config: dict, optimizer: Any, scheduler: Any, DummyOptim: type, DummyScheduler: type) -> None:
-    """HF's rules: the JSON optimizer block iff a DummyOptim, the JSON scheduler block (or a callable) iff a
-    DummyScheduler, a DummyScheduler only with a DummyOptim."""
-    if optimizer is not None:
-        if "optimizer" in config and not isinstance(optimizer, DummyOptim):
-            raise ValueError("You cannot specify an optimizer in the config file and in the code at the same time. "
-                             "Please remove the optimizer from the config file or create `accelerate.utils.DummyOptim`"
-                             " in the code.")
-        if "optimizer" not in config and isinstance(optimizer, DummyOptim):
-            raise ValueError("You cannot create a `DummyOptim` without specifying an optimizer in the config file.")
-    if scheduler is not None:
-        if "scheduler" in config and not isinstance(scheduler, DummyScheduler):
-            raise ValueError("You cannot specify a scheduler in the config file and in the code at the same time. "
-                             "Please remove the scheduler from the config file or create "
-                             "`accelerate.utils.DummyScheduler` in the code.")
-        if ("scheduler" not in config and isinstance(scheduler, DummyScheduler)
-                and scheduler.lr_scheduler_callable is None):
-            raise ValueError("Either specify a scheduler in the config file or pass in the `lr_scheduler_callable` "
-                             "parameter when using `accelerate.utils.DummyScheduler`.")
-    if optimizer is not None and scheduler is not None:
-        if isinstance(optimizer, DummyOptim) and not isinstance(scheduler, DummyScheduler):
-            raise ValueError("You can only specify `accelerate.utils.DummyScheduler` in the code when using "
-                             "`accelerate.utils.DummyOptim`.")
-
-
-def _fill_hidden_size_keys(plugin: Any, model: torch.nn.Module, kwargs: dict) -> None:
-    keys = ["zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
-            "zero_optimization.stage3_param_persistence_threshold"]
-    auto = [k for k in keys if plugin.is_auto(k)]
-    if not auto:
-        return
-    reason = ("therefore it's not possible to automatically fill out the following `auto` entries in the DeepSpeed "
-              f"config file: {auto}. You can fix that by replacing `auto` values for these keys with an integer value "
-              "of your choice.")
-    if not hasattr(model, "config"):
-        raise ValueError("Can't find `model.config` entry, " + reason)
-    if hasattr(model.config, "hidden_size"):
-        hidden = model.config.hidden_size
-    elif hasattr(model.config, "hidden_sizes"):
-        hidden = max(model.config.hidden_sizes)
-    else:
-        raise ValueError("Can find neither `model.config.hidden_size` nor `model.config.hidden_sizes`, " + reason)
-    kwargs.update({keys[0]: hidden * hidden, keys[1]: int(0.9 * hidden * hidden), keys[2]: 10 * hidden})

@@ -16,11 +16,12 @@ from .. import _C
 from .checkpoint_api import CheckpointAPI
 from ..optimizer import AcceleratedOptimizer
 from ..precision import make_precision
+from .plugins import sharding_plugins
 from .probes import AcceleratorProbes
 from .run_properties import RunProperties
 from .process_api import ProcessAPI
 from ..scheduler import AcceleratedScheduler
-from ..runtime.state import AcceleratorState, GradientState, sharding_plugins
+from ..runtime.state import AcceleratorState, GradientState
 from ..strategies import StrategyContext, select_strategy
 from .tracking_api import TrackingAPI
 from ..base import settings
@@ -29,7 +30,6 @@ from ..base.dataclasses import (DataLoaderConfiguration, GradientAccumulationPlu
 from ..runtime.memory import release_memory
 from ..runtime.models import compile_model, extract_model_from_parallel
 
-_MP_CODES = {"no": 0, "fp16": 1, "bf16": 2, "fp8": 3}
 _UNSET = object()
 
 
@@ -96,13 +96,7 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         else:
             self.project_configuration = ProjectConfiguration(project_dir=project_dir)
 
-        self.handlers: dict[str, KwargsHandler] = _handlers_by_name(kwargs_handlers)
-        self.ddp_handler = self.handlers.get("DistributedDataParallelKwargs")
-        self.scaler_handler = self.handlers.get("GradScalerKwargs")
-        self.init_handler = self.handlers.get("InitProcessGroupKwargs")
-        self.autocast_handler = self.handlers.get("AutocastKwargs")
-        self.fp8_recipe_handler = self.handlers.get("FP8RecipeKwargs")
-        self.profile_handler = self.handlers.get("ProfileKwargs")
+        self._init_handlers(kwargs_handlers)
 
         if dynamo_plugin is not None and dynamo_backend is not None:
             raise ValueError("You cannot pass in both `dynamo_plugin` and `dynamo_backend`, please only pass in one.")
@@ -117,12 +111,7 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         self.handlers.update({type(p).__name__: p for p in (fsdp_plugin, active_ds or deepspeed_plugin)
                               if p is not None and not isinstance(p, dict)})
 
-        gradient_accumulation_plugin = _accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps)
-        self.gradient_state = GradientState(gradient_accumulation_plugin=gradient_accumulation_plugin)
-        self.gradient_state._attach(self)
-        self._gradient_accumulation_steps = self.gradient_state.num_steps
-        self._sync_each_batch = bool(gradient_accumulation_plugin.sync_each_batch)
-        self._sync_with_dataloader = bool(gradient_accumulation_plugin.sync_with_dataloader)
+        self._init_gradient_accumulation(gradient_accumulation_plugin, gradient_accumulation_steps)
 
         self.device_placement = device_placement
         self.dataloader_config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
@@ -135,7 +124,6 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         self._num_processes = self.state.num_processes
         self._process_index = self.state.process_index
         self._local_process_index = self.state.local_process_index
-        self._mixed_precision_code = _MP_CODES[self.state.mixed_precision]
         self.strategy = select_strategy(StrategyContext(self.state, self.handlers))
         # the precision's C kernels (fp16 unscale) follow the same switch as the strategy's optimizer step
         self.precision = make_precision(self.state.mixed_precision, self.device, self.handlers,
@@ -151,6 +139,28 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         self._custom_objects: list = []
         self._save_model_state_pre_hook: dict = {}
         self._load_model_state_pre_hook: dict = {}
+
+    def _init_handlers(self, kwargs_handlers: Optional[list]) -> None:
+        """The user's kwargs handlers, one per class, keyed by class name (the strategies' and the precision's
+        config source; the sharding plugins join them once the state is built), and HF's handler attributes."""
+        self.handlers: dict[str, KwargsHandler] = _handlers_by_name(kwargs_handlers)
+        self.ddp_handler = self.handlers.get("DistributedDataParallelKwargs")
+        self.scaler_handler = self.handlers.get("GradScalerKwargs")
+        self.init_handler = self.handlers.get("InitProcessGroupKwargs")
+        self.autocast_handler = self.handlers.get("AutocastKwargs")
+        self.fp8_recipe_handler = self.handlers.get("FP8RecipeKwargs")
+        self.profile_handler = self.handlers.get("ProfileKwargs")
+
+    def _init_gradient_accumulation(self, plugin: Optional[GradientAccumulationPlugin], steps: int) -> None:
+        """The GradientAccumulationPlugin (or `gradient_accumulation_steps`, else
+        ACCELERATE_GRADIENT_ACCUMULATION_STEPS), the GradientState attached to this Accelerator, and the per-step
+        settings the C base type reads."""
+        plugin = _accumulation_plugin(plugin, steps)
+        self.gradient_state = GradientState(gradient_accumulation_plugin=plugin)
+        self.gradient_state._attach(self)
+        self._gradient_accumulation_steps = self.gradient_state.num_steps
+        self._sync_each_batch = bool(plugin.sync_each_batch)
+        self._sync_with_dataloader = bool(plugin.sync_with_dataloader)
 
     # -- prepare ---------------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: Optional[list] = None) -> Any:

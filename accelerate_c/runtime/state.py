@@ -1,6 +1,7 @@
 # accelerate_c/runtime/state.py: the process-wide state singletons HF scripts import directly:
 # PartialState (who am I, which device, the process group), AcceleratorState (adds the precision mode and the
-# sharding plugins); GradientState lives in gradient_state.py and is re-exported here (HF's import path).
+# sharding plugins, duck-typed: the Accelerator settles them, facade/plugins.py); GradientState lives in gradient.py
+# and is re-exported here (HF's import path).
 # They are "Borg" objects (every instance shares one __dict__), as in HF Accelerate.
 # Not for: backend decisions beyond picking the device and the process-group backend (strategies do that).
 from __future__ import annotations
@@ -343,40 +344,3 @@ class AcceleratorState(StateProbes):
         if name in self._known_attrs:
             raise AttributeError(_RESET_TEXT.format(cls="AcceleratorState", name=name))
         raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'")
-
-
-def sharding_plugins(fsdp_plugin: Any, deepspeed_plugin: Any) -> tuple[Any, Any]:
-    """The Accelerator's FSDP / DeepSpeed plugins, as HF 1.15 settles them: a plugin built from the FSDP_* /
-    ACCELERATE_DEEPSPEED_* variables when ACCELERATE_USE_FSDP / ACCELERATE_USE_DEEPSPEED is true and none was
-    passed (a second Accelerator reuses the state's DeepSpeed plugins), the type checks, and the USE variable set
-    when a plugin is passed."""
-    from ..deepspeed.plugin import DeepSpeedPlugin
-    from ..base.fsdp_plugin import FullyShardedDataParallelPlugin
-    state = AcceleratorState._shared_state
-    ds_in_use = state != {} and state.get("distributed_type") == DistributedType.DEEPSPEED
-    if deepspeed_plugin is None:
-        if ds_in_use:
-            deepspeed_plugin = AcceleratorState().deepspeed_plugins
-        elif settings.env_flag("ACCELERATE_USE_DEEPSPEED"):
-            deepspeed_plugin = DeepSpeedPlugin()
-    else:
-        if ds_in_use and state.get("deepspeed_plugins") is not None:
-            raise NotImplementedError("You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`. "
-                                      "Please make sure the first `Accelerator` is initialized with all the plugins "
-                                      "you want to use.")
-        for plugin in deepspeed_plugin.values() if isinstance(deepspeed_plugin, dict) else [deepspeed_plugin]:
-            if not isinstance(plugin, DeepSpeedPlugin):
-                raise TypeError("`deepspeed_plugin` must be a DeepSpeedPlugin object.")
-    if deepspeed_plugin is not None:
-        settings.env_set("ACCELERATE_USE_DEEPSPEED", "true")
-    if fsdp_plugin is None:
-        if settings.env_flag("ACCELERATE_USE_FSDP") and deepspeed_plugin is None:
-            fsdp_plugin = FullyShardedDataParallelPlugin()
-    else:
-        if not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
-            raise TypeError("`fsdp_plugin` must be a FullyShardedDataParallelPlugin object.")
-        settings.env_set("ACCELERATE_USE_FSDP", "true")
-    if fsdp_plugin is not None and deepspeed_plugin is not None:
-        raise ValueError("Accelerator: pass either fsdp_plugin or deepspeed_plugin (or set ACCELERATE_USE_FSDP / "
-                         "ACCELERATE_USE_DEEPSPEED), not both")
-    return fsdp_plugin, deepspeed_plugin

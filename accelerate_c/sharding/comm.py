@@ -6,6 +6,7 @@
 # (all-gather for forward, again for backward, reduce-scatter).
 # The stage 1/2 all-gather happens in place in shared memory when every rank is on this host: each rank reads its
 # peers' updated shards straight from their parts of the region (no staging copy), between two barriers.
+# HYBRID_SHARD across hosts: hybrid_shard_comm builds the host group's ShardComm with its cross-host groups.
 # Not for: the transports themselves (accelerate_c/comm) or which buffers move when (engine.py).
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ class ShardComm:
         self.world = world if world is not None else group
         host = group.host_group() if device.type == "cpu" else None
         # the shared-memory group of all our ranks (None across hosts or with the torch transport)
-        whole_host = host is not None and host.size == group.size and hasattr(host, "parts")
-        self.shm: Optional[Any] = host if whole_host else None
+        whole = host is not None and host.size == group.size and hasattr(host, "parts")
+        self.shm: Optional[Any] = host if whole else None
         self.bytes = {k: 0 for k in KINDS}
         self.calls = {k: 0 for k in KINDS}
 
@@ -117,3 +118,28 @@ class ShardComm:
 
     def barrier(self) -> None:
         self.group.barrier()
+
+
+def hybrid_shard_comm(world: Any, host: Any, device: torch.device) -> ShardComm:
+    """HYBRID_SHARD across hosts (the sharded strategy's comm): shard over this host's ranks (shared memory),
+    replicate across hosts: the ranks with the same local index on every host form a torch process group
+    (collective: every rank creates every such group, in the same order)."""
+    import torch.distributed as dist
+    from ..comm import host_id
+    hosts: list = [None] * world.size
+    dist.all_gather_object(hosts, host_id())
+    order = list(dict.fromkeys(hosts))
+    members = {h: [r for r, x in enumerate(hosts) if x == h] for h in order}
+    sizes = {len(m) for m in members.values()}
+    if len(sizes) != 1:
+        raise ValueError(f"HYBRID_SHARD needs the same number of processes on every host; got "
+                         f"{ {h: len(m) for h, m in members.items()} }")
+    local = sizes.pop()
+    cross = None
+    mine = members[hosts[world.rank]].index(world.rank)
+    for i in range(local):
+        g = dist.new_group([members[h][i] for h in order])
+        if i == mine:
+            cross = g
+    return ShardComm(host, device, cross=cross, replicas=len(order), replica=order.index(hosts[world.rank]),
+                     world=world, cross_root=members[order[0]][mine])

@@ -4,8 +4,8 @@
 # which the launcher sets from YAML and flags), then ACCELERATE_C_* variables (transport, fused optimizer).
 # Both faces map onto the same fields: ZeRO stage 0/1/2/3 == NO_SHARD / (optimizer only) / SHARD_GRAD_OP /
 # FULL_SHARD; HYBRID_SHARD(_ZERO2) is `hybrid`.
-# Not for: the plugin classes (utils/sharding_plugins.py, utils/deepspeed_plugin.py) or DeepSpeed JSON parsing
-# (sharding/deepspeed_json.py).
+# Not for: the plugin classes (base/fsdp_plugin.py, deepspeed/plugin.py) or DeepSpeed JSON parsing
+# (deepspeed/schema.py).
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from ..strategies.base import deepspeed_clipping
+from ..deepspeed.schema import communication_dtype, gradient_clipping
 from ..strategies.ddp import DDPConfig
 
 FSDP_STAGES = {"NO_SHARD": 0, "SHARD_GRAD_OP": 2, "FULL_SHARD": 3, "HYBRID_SHARD": 3, "HYBRID_SHARD_ZERO2": 2}
@@ -53,7 +53,12 @@ class ShardedConfig(DDPConfig):
         values (gradient_clipping "auto" -> 1.0, GA, reduce_bucket_size, ...); unchanged for the FSDP face."""
         if self.face != "deepspeed":
             return self
-        return dataclasses.replace(self, **_fields_from_deepspeed_json(self.deepspeed_config))
+        return self.with_deepspeed_json(self.deepspeed_config)
+
+    def with_deepspeed_json(self, config: Mapping[str, Any]) -> "ShardedConfig":
+        """The fields a DeepSpeed JSON's "auto" values may hide until prepare, re-read from `config` (the
+        strategy's DeepSpeed face calls this after prepare filled them)."""
+        return dataclasses.replace(self, **_fields_from_deepspeed_json(config))
 
     @classmethod
     def _fields(cls, handlers: Mapping[str, Any], env: Optional[Mapping[str, str]]) -> dict[str, Any]:
@@ -68,7 +73,7 @@ class ShardedConfig(DDPConfig):
 
 
 def fields_from_fsdp_plugin(plugin: Any) -> dict[str, Any]:
-    """ShardedConfig fields from a FullyShardedDataParallelPlugin (utils/sharding_plugins.py, FSDP2 semantics after
+    """ShardedConfig fields from a FullyShardedDataParallelPlugin (base/fsdp_plugin.py, FSDP2 semantics after
     its __post_init__; duck-typed, so HF's own plugin object maps too)."""
     from ..base.fsdp_plugin import RESHARD_OF_STRATEGY, strategy_name
     fields: dict[str, Any] = {"face": "fsdp"}
@@ -122,18 +127,18 @@ def _wrap_fields(plugin: Any) -> dict[str, Any]:
     if policy is size_based_auto_wrap_policy:
         n = int(getattr(plugin, "min_num_params", None) or 0)
         # HF: a size-based policy with min_num_params 0 wraps nothing
-        if n > 0:
-            return {"auto_wrap_policy": "size_based_wrap", "min_num_params": n}
-        return {"auto_wrap_policy": "no_wrap"}
+        if n <= 0:
+            return {"auto_wrap_policy": "no_wrap"}
+        return {"auto_wrap_policy": "size_based_wrap", "min_num_params": n}
     if isinstance(policy, str):
         return {"auto_wrap_policy": policy.lower()}
     return {"auto_wrap_policy": "callable", "auto_wrap_callable": policy}
 
 
 def fields_from_deepspeed_plugin(plugin: Any) -> dict[str, Any]:
-    """ShardedConfig fields from a DeepSpeedPlugin (utils/deepspeed_plugin.py) and its JSON. Values still "auto"
-    are resolved at prepare (deepspeed_json.prepare_deepspeed_objects), which updates `deepspeed_config` in place;
-    `ShardedConfig.with_resolved_deepspeed()` then re-reads the fields that depend on them."""
+    """ShardedConfig fields from a DeepSpeedPlugin (deepspeed/plugin.py) and its JSON. Values still "auto"
+    are resolved at prepare (deepspeed/prepare.py), which updates `deepspeed_config` in place;
+    `ShardedConfig.with_deepspeed_json()` then re-reads the fields that depend on them."""
     config = getattr(plugin, "deepspeed_config", None) or {}
     zero = config.get("zero_optimization", {})
     stage = zero.get("stage", getattr(plugin, "zero_stage", 2))
@@ -151,11 +156,10 @@ def _fields_from_deepspeed_json(config: Mapping[str, Any]) -> dict[str, Any]:
     zero = config.get("zero_optimization", {})
     # gradient_clipping is StrategyConfig's (every strategy's step applies it); absent or 0: no clipping.
     # stage3_gather_16bit_weights_on_model_save is read by Strategy.saved_weights_dtype (save_model, any strategy)
-    fields: dict[str, Any] = {"gradient_clipping": deepspeed_clipping(config)}
+    fields: dict[str, Any] = {"gradient_clipping": gradient_clipping(config)}
     ga = config.get("gradient_accumulation_steps")
     if isinstance(ga, int) and not isinstance(ga, bool):
         fields["gradient_accumulation_steps"] = ga
-    from ..deepspeed.schema import communication_dtype
     rdt = communication_dtype(config)  # gradients reduced (and the shard gradient kept) in it
     if rdt is not None:
         fields["reduce_dtype"] = rdt

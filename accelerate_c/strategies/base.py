@@ -16,6 +16,8 @@ import torch
 
 from ..base import settings
 from ..base.dataclasses import DistributedType
+from ..deepspeed.face import deepspeed_face
+from ..deepspeed.schema import gradient_clipping
 
 
 @dataclass(frozen=True)
@@ -38,10 +40,13 @@ class StrategyConfig:
     @classmethod
     def _fields(cls, handlers: Mapping[str, Any], env: Optional[Mapping[str, str]]) -> dict[str, Any]:
         fields: dict[str, Any] = {"fused_optimizer": settings.get("FUSED_OPTIMIZER", env)}
-        plugin = handlers.get("DeepSpeedPlugin")
-        if plugin is not None:
-            fields["gradient_clipping"] = deepspeed_clipping(getattr(plugin, "deepspeed_config", None) or {})
+        fields.update(deepspeed_face(handlers.get("DeepSpeedPlugin")).config_fields())
         return fields
+
+    def with_deepspeed_json(self, config: Mapping[str, Any]) -> "StrategyConfig":
+        """This config with the fields a DeepSpeed JSON sets re-read from it (after prepare filled its "auto"
+        values): gradient_clipping here; subclasses add theirs."""
+        return dataclasses.replace(self, gradient_clipping=gradient_clipping(config))
 
 
 @dataclass
@@ -82,6 +87,7 @@ class Strategy:
     def __init__(self, ctx: StrategyContext, config: Optional[StrategyConfig] = None) -> None:
         self.ctx = ctx
         self.state = ctx.state
+        self.deepspeed = deepspeed_face(ctx.handlers.get("DeepSpeedPlugin"))  # (NO_DEEPSPEED without a plugin)
         self.config = config if config is not None else self.config_class.from_sources(ctx.handlers)
 
     # -- selection -------------------------------------------------------------------------------------
@@ -98,15 +104,11 @@ class Strategy:
         """Called by Accelerator.prepare with all the objects of one call before any is prepared; returns the list
         to prepare (same length and order). Under a DeepSpeedPlugin (any strategy, one process included): the
         DeepSpeed face's "auto" values and DummyOptim / DummyScheduler placeholders resolved
-        (sharding/deepspeed_json.prepare_deepspeed_objects); `accelerator` is the calling Accelerator (run settings
-        such as gradient_accumulation_steps may be updated). Otherwise unchanged."""
-        plugin = self.ctx.handlers.get("DeepSpeedPlugin")
-        if plugin is None:
-            return objects
-        from ..deepspeed.schema import prepare_deepspeed_objects
-        objects = prepare_deepspeed_objects(plugin, objects, accelerator)
-        # "auto" gradient_clipping is filled now (1.0, as HF)
-        self.config = dataclasses.replace(self.config, gradient_clipping=deepspeed_clipping(plugin.deepspeed_config))
+        (deepspeed/prepare.py); `accelerator` is the calling Accelerator (run settings such as
+        gradient_accumulation_steps may be updated), and the config re-reads what they filled ("auto"
+        gradient_clipping: 1.0, as HF). Otherwise unchanged."""
+        objects = self.deepspeed.prepare_objects(objects, accelerator)
+        self.config = self.deepspeed.resolved(self.config)
         return objects
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool,
@@ -205,7 +207,7 @@ class Strategy:
         in the engine's dtype, under ZeRO-3 only with stage3_gather_16bit_weights_on_model_save (saved_weights_dtype's
         rule); the sharded strategy has its own (strategies/sharded.py)."""
         from ..runtime.models import extract_model_from_parallel
-        if "DeepSpeedPlugin" in self.ctx.handlers:
+        if self.deepspeed.runs_engine:
             from ..sharding.statedict import full_state_dict
             return full_state_dict(extract_model_from_parallel(model), None, True, self.saved_weights_dtype())
         return (extract_model_from_parallel(model) if unwrap else model).state_dict()
@@ -213,25 +215,14 @@ class Strategy:
     def hooks_get_no_weights(self) -> bool:
         """True where HF 1.15 runs its own FSDP / DeepSpeed engine (DeepSpeed: on one process too), which saves the
         models its own way: save_state then hands the save_model_state_pre_hooks an empty weights list."""
-        return "DeepSpeedPlugin" in self.ctx.handlers
+        return self.deepspeed.runs_engine
 
     def saved_weights_dtype(self) -> Optional[torch.dtype]:
         """The dtype `Accelerator.save_model` writes floating tensors in: None = as held (fp32, HF's FSDP and plain
-        runs). Under a DeepSpeedPlugin, what HF's DeepSpeed engine hands it: the fp16/bf16 compute dtype when the
-        JSON enables one (ZeRO 0-2: the module's own half weights; ZeRO-3: the gathered 16-bit weights), and under
-        ZeRO-3 only with stage3_gather_16bit_weights_on_model_save, else HF's error (on every rank, before any
-        collective)."""
-        plugin = self.ctx.handlers.get("DeepSpeedPlugin")
-        if plugin is None:
-            return None
-        zero = (getattr(plugin, "deepspeed_config", None) or {}).get("zero_optimization", {})
-        if zero.get("stage") == 3 and zero.get("stage3_gather_16bit_weights_on_model_save") is not True:
-            raise ValueError("Cannot get 16bit model weights because `stage3_gather_16bit_weights_on_model_save` in "
-                             "DeepSpeed config is False. To save the model weights in 16bit, set "
-                             "`stage3_gather_16bit_weights_on_model_save` to True in DeepSpeed config file or set "
-                             "`zero3_save_16bit_model` to True when using `accelerate config`. To save the full "
-                             "checkpoint, use `accelerator.save_state`.")
-        return compute_dtype(self.state)
+        runs). Under a DeepSpeedPlugin, what HF's DeepSpeed engine hands it (DeepSpeedFace.saved_weights_dtype: the
+        fp16/bf16 compute dtype when the JSON enables one; under ZeRO-3 only with
+        stage3_gather_16bit_weights_on_model_save, else HF's error, on every rank before any collective)."""
+        return self.deepspeed.saved_weights_dtype(compute_dtype(self.state))
 
     def model_slices(self, model: torch.nn.Module) -> list:
         """The model's logical tensors as this rank holds them (checkpointing/slices.py): here every tensor whole,
@@ -266,11 +257,4 @@ def compute_dtype(state: Any) -> Optional[torch.dtype]:
     dtype = MIXED_PRECISION_DTYPES.get(str(getattr(state, "mixed_precision", "no")))
     return dtype if dtype is not None and dtype != torch.float32 else None
 
-
-def deepspeed_clipping(config: Mapping[str, Any]) -> Optional[float]:
-    """DeepSpeed's gradient_clipping from its JSON: a positive number clips; absent, 0 or still "auto": none."""
-    clip = config.get("gradient_clipping")
-    if isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip > 0:
-        return float(clip)
-    return None
 

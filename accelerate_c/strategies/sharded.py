@@ -7,9 +7,10 @@
 # all-gather of the updated shards (stages 1/2). Parameters kept out of the units (ignored_modules) are averaged
 # after each synced backward as DDP's reference path does; frozen ones are left alone. Buffers follow DDP's
 # broadcast_buffers rule (the same wrapper). HYBRID_SHARD across hosts shards over a host's ranks and averages each
-# shard gradient across hosts (_hybrid_comm). A model on the meta device (on any rank) is built shard by shard from
-# rank 0's values at prepare (sharding/construct.py).
-# Not for: the engine's buffers and hooks (sharding/), the plugins (utils/sharding_plugins.py) or checkpoint files.
+# shard gradient across hosts (sharding/comm.py hybrid_shard_comm). A model on the meta device (on any rank) is
+# built shard by shard from rank 0's values at prepare (sharding/construct.py).
+# Not for: the engine's buffers and hooks (sharding/), the plugins (base/fsdp_plugin.py, deepspeed/plugin.py) or
+# checkpoint files.
 from __future__ import annotations
 
 import contextlib
@@ -54,14 +55,6 @@ class ShardedDataParallel(BucketedDataParallel):
     config_class = ShardedConfig
     config: ShardedConfig
 
-    def prepare_objects(self, objects: list, accelerator: Any) -> list:
-        """The base class resolves DeepSpeed's "auto" values and Dummy objects; the engine's config then re-reads
-        what they filled (clipping, accumulation, buckets)."""
-        objects = super().prepare_objects(objects, accelerator)
-        if "DeepSpeedPlugin" in self.ctx.handlers:
-            self.config = self.config.with_resolved_deepspeed()
-        return objects
-
     @classmethod
     def applies(cls, state: Any, handlers: dict[str, Any]) -> bool:
         return state.num_processes > 1 and ("FullyShardedDataParallelPlugin" in handlers
@@ -94,40 +87,15 @@ class ShardedDataParallel(BucketedDataParallel):
     def _comm(self) -> Any:
         if self.comm is None:
             from ..comm.group import group_for_device
-            from ..sharding.comm import ShardComm
+            from ..sharding.comm import ShardComm, hybrid_shard_comm
             device = self.state.device
             group = group_for_device(device, self.config.transport)
             host = group.host_group()
             if self.config.hybrid and host is not None and host.size != group.size:
-                self.comm = self._hybrid_comm(group, host, device)
+                self.comm = hybrid_shard_comm(group, host, device)
             else:
                 self.comm = ShardComm(group, device)
         return self.comm
-
-    def _hybrid_comm(self, world: Any, host: Any, device: torch.device) -> Any:
-        """HYBRID_SHARD across hosts: shard over this host's ranks (shared memory), replicate across hosts: the ranks
-        with the same local index on every host form a torch process group (collective: every rank creates every
-        such group, in the same order)."""
-        import torch.distributed as dist
-        from ..comm import host_id
-        from ..sharding.comm import ShardComm
-        hosts: list = [None] * world.size
-        dist.all_gather_object(hosts, host_id())
-        order = list(dict.fromkeys(hosts))
-        members = {h: [r for r, x in enumerate(hosts) if x == h] for h in order}
-        sizes = {len(m) for m in members.values()}
-        if len(sizes) != 1:
-            raise ValueError(f"HYBRID_SHARD needs the same number of processes on every host; got "
-                             f"{ {h: len(m) for h, m in members.items()} }")
-        local = sizes.pop()
-        cross = None
-        mine = members[hosts[world.rank]].index(world.rank)
-        for i in range(local):
-            g = dist.new_group([members[h][i] for h in order])
-            if i == mine:
-                cross = g
-        return ShardComm(host, device, cross=cross, replicas=len(order), replica=order.index(hosts[world.rank]),
-                         world=world, cross_root=members[order[0]][mine])
 
     # -- preparation -------------------------------------------------------------------------------------------
     def prepare_model(self, model: torch.nn.Module, device_placement: bool,
@@ -297,12 +265,10 @@ class ShardedDataParallel(BucketedDataParallel):
         only, None on the others (DeepSpeed's _zero3_consolidated_16bit_state_dict), and only with
         stage3_gather_16bit_weights_on_model_save (else HF's ValueError, on every rank before any collective);
         ZeRO 0-2 on every rank (the module's own weights)."""
-        deepspeed = "DeepSpeedPlugin" in self.ctx.handlers
-        dtype = self.saved_weights_dtype() if deepspeed else None
-        everywhere = deepspeed and self.stage < 3
-        out = self.gather_state_dict(model, dtype, rank0_only=not everywhere)
-        if deepspeed and not everywhere and self.state.process_index != 0:
-            return None
+        everywhere = self.deepspeed.state_dict_everywhere(self.stage)
+        out = self.gather_state_dict(model, self.saved_weights_dtype(), rank0_only=not everywhere)
+        if not everywhere and self.state.process_index != 0:
+            return self.deepspeed.state_dict_off_rank0(out)
         return out
 
     def hooks_get_no_weights(self) -> bool:
