@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from accelerate_c.deepspeed.face import NO_DEEPSPEED, DeepSpeedFace, NoDeepSpeed, deepspeed_face
-from accelerate_c.strategies.base import Strategy, StrategyConfig, StrategyContext
+from accelerate_c.ddp.config import StrategyConfig
+from accelerate_c.strategies.base import Strategy, StrategyContext
 from accelerate_c.utils.deepspeed_plugin import DeepSpeedPlugin
 
 

@@ -12,8 +12,8 @@ from accelerate_c.optim import fused_step
 from accelerate_c.precision.policy import NO_SCALING, FP16Precision, Precision
 from accelerate_c.state import AcceleratorState, GradientState
 from accelerate_c.strategies import REGISTRY, register
-from accelerate_c.strategies.base import StrategyConfig
-from accelerate_c.strategies.ddp import DDPConfig
+from accelerate_c.ddp.config import StrategyConfig
+from accelerate_c.ddp.config import DDPConfig
 from accelerate_c.strategies.ddp_bucketed import BucketedDataParallel
 from accelerate_c.strategies.single import SingleProcess
 from accelerate_c.utils import patch_environment

@@ -165,15 +165,15 @@ _S = Setting
 TABLE: tuple[Setting, ...] = (
     # ---- read in the training processes ---------------------------------------------------------------------
     _S("COMM", "choice", "auto", "transport of CPU collectives: auto = shared memory inside a host (hierarchical "
-       "across hosts), torch = torch.distributed everywhere", "strategies/ddp.py (DDPConfig.transport), "
+       "across hosts), torch = torch.distributed everywhere", "ddp/config.py (DDPConfig.transport), "
        "comm/group.py (get_group)", choices=("auto", "torch")),
     _S("GRAD_SYNC", "choice", "bucketed", "data-parallel gradient sync: bucketed (overlapped with backward, "
        "ddp/bucketed.py) or reference (one coalesced all-reduce at the end of backward, strategies/ddp.py)",
-       "strategies/ddp.py (DDPConfig.grad_sync)", choices=("bucketed", "reference")),
+       "ddp/config.py (DDPConfig.grad_sync)", choices=("bucketed", "reference")),
     _S("SHARDED_STEP", "bool", True, "split the optimizer step between the ranks of a host (0: every rank steps "
-       "every parameter)", "strategies/ddp.py (DDPConfig.sharded_step)"),
+       "every parameter)", "ddp/config.py (DDPConfig.sharded_step)"),
     _S("FUSED_OPTIMIZER", "bool", True, "run prepared torch optimizers on the fused C kernels (0 also turns the "
-       "split step off)", "strategies/base.py (StrategyConfig.fused_optimizer)"),
+       "split step off)", "ddp/config.py (StrategyConfig.fused_optimizer)"),
     _S("SHARD_KERNELS", "bool", True, "the sharded engine's C copy-in and fused compute-copy write (0: torch "
        "copies and a separate cast after the step)", "sharding/pack.py (kernels_enabled, at every call)"),
     _S("OUTPUT_CACHE_MB", "float", 256.0, "MiB of free blocks kept for the large CPU tensors collectives return "

@@ -14,7 +14,7 @@ PRECISIONS: dict[str, type[Precision]] = {"no": Precision, "bf16": BF16Precision
 
 
 def make_precision(mode: str, device: torch.device, handlers: dict[str, Any], fused_kernels: bool = True) -> Precision:
-    """fused_kernels: the strategy config's fused_optimizer (strategies/base.py: StrategyConfig)."""
+    """fused_kernels: the strategy config's fused_optimizer (ddp/config.py: StrategyConfig)."""
     if mode == "fp8":
         return FP8Precision(device, handlers, fused_kernels)
     try:

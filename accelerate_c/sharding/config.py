@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 
 from ..deepspeed.schema import communication_dtype, gradient_clipping
-from ..strategies.ddp import DDPConfig
+from ..ddp.config import DDPConfig
 
 FSDP_STAGES = {"NO_SHARD": 0, "SHARD_GRAD_OP": 2, "FULL_SHARD": 3, "HYBRID_SHARD": 3, "HYBRID_SHARD_ZERO2": 2}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any, Callable
+from typing import Callable
 
 from .base import Strategy, StrategyContext
 

@@ -8,45 +8,14 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Optional
 
 import torch
 
-from ..base import settings
 from ..base.dataclasses import DistributedType
+from ..ddp.config import StrategyConfig
 from ..deepspeed.face import deepspeed_face
-from ..deepspeed.schema import gradient_clipping
-
-
-@dataclass(frozen=True)
-class StrategyConfig:
-    """What every strategy reads from its configuration sources. `from_sources` is the one place it is read:
-    the user's kwargs handlers/plugins (keyed by class name), then the environment (the launcher turns YAML
-    and CLI values into ACCELERATE_* variables; ACCELERATE_C_* are ours, read through base/settings.py, which
-    also checks every other one of ours then, so a bad value stops the run when the Accelerator is built).
-    Subclasses add their fields and extend `_fields`; `env` None is os.environ."""
-
-    fused_optimizer: bool = True  # ACCELERATE_C_FUSED_OPTIMIZER: optimizer steps on the fused C kernels
-    gradient_clipping: Optional[float] = None  # DeepSpeed's gradient_clipping: applied in every strategy's step
-
-    @classmethod
-    def from_sources(cls, handlers: Optional[Mapping[str, Any]] = None,
-                     env: Optional[Mapping[str, str]] = None) -> "StrategyConfig":
-        settings.check(env)
-        return cls(**cls._fields(handlers or {}, env))
-
-    @classmethod
-    def _fields(cls, handlers: Mapping[str, Any], env: Optional[Mapping[str, str]]) -> dict[str, Any]:
-        fields: dict[str, Any] = {"fused_optimizer": settings.get("FUSED_OPTIMIZER", env)}
-        fields.update(deepspeed_face(handlers.get("DeepSpeedPlugin")).config_fields())
-        return fields
-
-    def with_deepspeed_json(self, config: Mapping[str, Any]) -> "StrategyConfig":
-        """This config with the fields a DeepSpeed JSON sets re-read from it (after prepare filled its "auto"
-        values): gradient_clipping here; subclasses add theirs."""
-        return dataclasses.replace(self, gradient_clipping=gradient_clipping(config))
 
 
 @dataclass

@@ -1,67 +1,22 @@
 # accelerate_c/strategies/ddp.py: data parallelism over N processes, the reference path: after backward
 # (at the end of the autograd pass, like torch DDP) every gradient is all-reduced in one coalesced
 # collective per dtype, summed then divided by the world size, in a fixed order on every rank so all
-# ranks end with bitwise-identical gradients and hence parameters. DDPConfig (both data-parallel strategies'
-# configuration) is read here, once.
+# ranks end with bitwise-identical gradients and hence parameters. Its configuration is DDPConfig
+# (ddp/config.py), read once.
 # Not for: the fast bucketed/overlapped path (strategies/ddp_bucketed.py builds on this file's wrapper).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 
-from ..base.dtypes import select
 from ..comm.coalesced import broadcast_coalesced
+from ..ddp.config import DDPConfig
 from ..ddp.module import DataParallelModule, GradSync
 from . import register
-from .base import Strategy, StrategyConfig
-from ..base import settings
-
-
-_COMPRESS = select(("fp16", "bf16"), {"no": None})  # comm_hook -> reduction dtype
-
-
-def _compress_dtype(kwargs: Any) -> Optional[torch.dtype]:
-    """DistributedDataParallelKwargs.comm_hook -> the dtype gradients are reduced in (None: their own)."""
-    hook = "no" if kwargs is None else str(getattr(kwargs.comm_hook, "value", kwargs.comm_hook)).lower()
-    if hook in _COMPRESS:
-        return _COMPRESS[hook]
-    if hook in ("power_sgd", "batched_power_sgd"):
-        raise NotImplementedError(f"DistributedDataParallelKwargs(comm_hook={hook!r}): PowerSGD is not supported by "
-                                  "accelerate_c's gradient sync; use comm_hook='fp16' or 'bf16' (compressed "
-                                  "all-reduce) or 'no'")
-    raise ValueError(f"DistributedDataParallelKwargs(comm_hook={hook!r}): unknown hook; allowed: no, fp16, bf16")
-
-
-@dataclass(frozen=True)
-class DDPConfig(StrategyConfig):
-    """Data parallelism (ddp.py, ddp_bucketed.py): DistributedDataParallelKwargs, then ACCELERATE_C_* variables
-    (HF's YAML and launcher have no DDP fields of their own)."""
-
-    grad_sync: str = "bucketed"       # ACCELERATE_C_GRAD_SYNC: bucketed (ddp_bucketed.py) | reference (ddp.py)
-    transport: str = "auto"           # ACCELERATE_C_COMM: auto (shared memory for CPU tensors) | torch
-    sharded_step: bool = True         # ACCELERATE_C_SHARDED_STEP: split the optimizer step between a host's ranks
-    bucket_cap_mb: float = 25.0       # DistributedDataParallelKwargs.bucket_cap_mb
-    broadcast_buffers: bool = True    # DistributedDataParallelKwargs.broadcast_buffers
-    compress_dtype: Optional[torch.dtype] = None  # DistributedDataParallelKwargs.comm_hook: fp16 / bf16 reduction
-
-    @classmethod
-    def _fields(cls, handlers: Mapping[str, Any], env: Optional[Mapping[str, str]]) -> dict[str, Any]:
-        fields = super()._fields(handlers, env)
-        kw = handlers.get("DistributedDataParallelKwargs")
-        fields.update(grad_sync=settings.get("GRAD_SYNC", env), transport=settings.get("COMM", env),
-                      sharded_step=settings.get("SHARDED_STEP", env), compress_dtype=_compress_dtype(kw))
-        if kw is not None:
-            try:
-                fields["bucket_cap_mb"] = float(kw.bucket_cap_mb)
-            except (TypeError, ValueError):
-                raise ValueError(f"DistributedDataParallelKwargs(bucket_cap_mb={kw.bucket_cap_mb!r}): "
-                                 "expected a number of megabytes") from None
-            fields["broadcast_buffers"] = bool(kw.broadcast_buffers)
-        return fields
+from .base import Strategy
 
 
 @register("ddp_reference")

@@ -17,7 +17,8 @@ from ..comm.group import group_for_device, release_groups
 from ..ddp.bucketed import BucketedGradSync
 from ..ddp.split_step import SplitStep, SharedParams, state_keys
 from . import register
-from .ddp import DataParallel, DDPConfig
+from ..ddp.config import DDPConfig
+from .ddp import DataParallel
 
 
 @register("ddp_bucketed")

@@ -1,0 +1,90 @@
+# accelerate_c/ddp/config.py: the configuration objects of the strategies, each read once from its sources
+# (`from_sources`): StrategyConfig (what every strategy reads: fused optimizer, DeepSpeed's gradient clipping)
+# and DDPConfig (both data-parallel strategies: DistributedDataParallelKwargs, then ACCELERATE_C_* through
+# base/settings.py); the sharded engine's ShardedConfig extends DDPConfig (sharding/config.py).
+# Here, below the strategies, so that the engines they configure read them without importing a strategy.
+# Not for: the strategies themselves (strategies/) or the settings table (base/settings.py).
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import torch
+
+from ..base import settings
+from ..base.dtypes import select
+from ..deepspeed.face import deepspeed_face
+from ..deepspeed.schema import gradient_clipping
+
+
+@dataclass(frozen=True)
+class StrategyConfig:
+    """What every strategy reads from its configuration sources. `from_sources` is the one place it is read:
+    the user's kwargs handlers/plugins (keyed by class name), then the environment (the launcher turns YAML
+    and CLI values into ACCELERATE_* variables; ACCELERATE_C_* are ours, read through base/settings.py, which
+    also checks every other one of ours then, so a bad value stops the run when the Accelerator is built).
+    Subclasses add their fields and extend `_fields`; `env` None is os.environ."""
+
+    fused_optimizer: bool = True  # ACCELERATE_C_FUSED_OPTIMIZER: optimizer steps on the fused C kernels
+    gradient_clipping: Optional[float] = None  # DeepSpeed's gradient_clipping: applied in every strategy's step
+
+    @classmethod
+    def from_sources(cls, handlers: Optional[Mapping[str, Any]] = None,
+                     env: Optional[Mapping[str, str]] = None) -> "StrategyConfig":
+        settings.check(env)
+        return cls(**cls._fields(handlers or {}, env))
+
+    @classmethod
+    def _fields(cls, handlers: Mapping[str, Any], env: Optional[Mapping[str, str]]) -> dict[str, Any]:
+        fields: dict[str, Any] = {"fused_optimizer": settings.get("FUSED_OPTIMIZER", env)}
+        fields.update(deepspeed_face(handlers.get("DeepSpeedPlugin")).config_fields())
+        return fields
+
+    def with_deepspeed_json(self, config: Mapping[str, Any]) -> "StrategyConfig":
+        """This config with the fields a DeepSpeed JSON sets re-read from it (after prepare filled its "auto"
+        values): gradient_clipping here; subclasses add theirs."""
+        return dataclasses.replace(self, gradient_clipping=gradient_clipping(config))
+
+
+_COMPRESS = select(("fp16", "bf16"), {"no": None})  # comm_hook -> reduction dtype
+
+
+def _compress_dtype(kwargs: Any) -> Optional[torch.dtype]:
+    """DistributedDataParallelKwargs.comm_hook -> the dtype gradients are reduced in (None: their own)."""
+    hook = "no" if kwargs is None else str(getattr(kwargs.comm_hook, "value", kwargs.comm_hook)).lower()
+    if hook in _COMPRESS:
+        return _COMPRESS[hook]
+    if hook in ("power_sgd", "batched_power_sgd"):
+        raise NotImplementedError(f"DistributedDataParallelKwargs(comm_hook={hook!r}): PowerSGD is not supported by "
+                                  "accelerate_c's gradient sync; use comm_hook='fp16' or 'bf16' (compressed "
+                                  "all-reduce) or 'no'")
+    raise ValueError(f"DistributedDataParallelKwargs(comm_hook={hook!r}): unknown hook; allowed: no, fp16, bf16")
+
+
+@dataclass(frozen=True)
+class DDPConfig(StrategyConfig):
+    """Data parallelism (ddp.py, ddp_bucketed.py): DistributedDataParallelKwargs, then ACCELERATE_C_* variables
+    (HF's YAML and launcher have no DDP fields of their own)."""
+
+    grad_sync: str = "bucketed"       # ACCELERATE_C_GRAD_SYNC: bucketed (ddp_bucketed.py) | reference (ddp.py)
+    transport: str = "auto"           # ACCELERATE_C_COMM: auto (shared memory for CPU tensors) | torch
+    sharded_step: bool = True         # ACCELERATE_C_SHARDED_STEP: split the optimizer step between a host's ranks
+    bucket_cap_mb: float = 25.0       # DistributedDataParallelKwargs.bucket_cap_mb
+    broadcast_buffers: bool = True    # DistributedDataParallelKwargs.broadcast_buffers
+    compress_dtype: Optional[torch.dtype] = None  # DistributedDataParallelKwargs.comm_hook: fp16 / bf16 reduction
+
+    @classmethod
+    def _fields(cls, handlers: Mapping[str, Any], env: Optional[Mapping[str, str]]) -> dict[str, Any]:
+        fields = super()._fields(handlers, env)
+        kw = handlers.get("DistributedDataParallelKwargs")
+        fields.update(grad_sync=settings.get("GRAD_SYNC", env), transport=settings.get("COMM", env),
+                      sharded_step=settings.get("SHARDED_STEP", env), compress_dtype=_compress_dtype(kw))
+        if kw is not None:
+            try:
+                fields["bucket_cap_mb"] = float(kw.bucket_cap_mb)
+            except (TypeError, ValueError):
+                raise ValueError(f"DistributedDataParallelKwargs(bucket_cap_mb={kw.bucket_cap_mb!r}): "
+                                 "expected a number of megabytes") from None
+            fields["broadcast_buffers"] = bool(kw.broadcast_buffers)
+        return fields
