@@ -25,7 +25,7 @@ class NoDeepSpeed:
     """The face of a run without a DeepSpeedPlugin: every answer leaves the strategy as it is."""
 
     plugin: Any = None
-    runs_engine = False  # HF 1.15 runs DeepSpeed's own engine (which saves the models its own way)
+    runs_engine = False  # whether HF 1.15 runs DeepSpeed's own engine (which saves the models its own way)
 
     @property
     def config(self) -> Mapping[str, Any]:
