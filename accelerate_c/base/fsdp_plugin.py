@@ -2,7 +2,7 @@
 # defaults, FSDP_* variable fallbacks and validation; FSDP2 semantics, a version-1 setting is mapped the way
 # `accelerate to-fsdp2` maps it). Field values are torch's own FSDP objects (ShardingStrategy, StateDictType,
 # MixedPrecisionPolicy, OffloadPolicy, the wrap-policy functions), as HF stores them, so scripts that inspect the
-# plugin keep working. DeepSpeedPlugin, DummyOptim and DummyScheduler live in utils/deepspeed_plugin.py.
+# plugin keep working. DeepSpeedPlugin, DummyOptim and DummyScheduler live in deepspeed/plugin.py.
 # Not for: turning a plugin into the engine's settings (sharding/config.py) or the engine (sharding/).
 from __future__ import annotations
 

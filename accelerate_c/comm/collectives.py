@@ -1,4 +1,4 @@
-# accelerate_c/comm/collectives.py: the transport under utils/operations.py (HF's gather, reduce, broadcast,
+# accelerate_c/comm/collectives.py: the collectives under runtime/operations.py (HF's gather, reduce, broadcast,
 # gather_object, broadcast_object_list): ONE function per collective, each picking accelerate_c.comm's group
 # (C shared memory within a host) for CPU tensors and torch.distributed otherwise (non-CPU tensors, or
 # ACCELERATE_C_COMM=torch, under which get_group() is a TorchGroup). They are everyday calls (a metric per

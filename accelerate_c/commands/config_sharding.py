@@ -3,7 +3,7 @@
 # value, `--fsdp_offload_params true`, as in HF) and the variables HF's launcher hands the ranks (FSDP_*,
 # ACCELERATE_DEEPSPEED_*), which the plugins' __post_init__ read. FSDP's defaults are HF's launcher defaults, so a
 # bare `--use_fsdp` gives the ranks the same variables as HF's.
-# Not for: the plugins (utils/sharding_plugins.py, utils/deepspeed_plugin.py) or the generic block machinery
+# Not for: the plugins (base/fsdp_plugin.py, deepspeed/plugin.py) or the generic block machinery
 # (config_blocks.py).
 from __future__ import annotations
 
