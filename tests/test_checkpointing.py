@@ -290,14 +290,19 @@ def test_clear_errors_for_bad_files(tmp_path):
             open(p, "wb").write(data[: int(len(data) * keep)])
         return f
 
-    def write(name, text):
+    def write(name, text):  # replaces a file and its listed size, so the reader sees the new content itself
         def f(d):
             open(os.path.join(d, name), "w").write(text)
+            meta_path = os.path.join(d, "checkpoint.json")
+            meta = json.load(open(meta_path))
+            if name in meta["files"]:
+                meta["files"][name] = len(text.encode())
+                open(meta_path, "w").write(json.dumps(meta))
         return f
 
     broken(truncate("optimizer.safetensors"), r"optimizer\.safetensors.*truncated")
     broken(truncate("model.safetensors"), r"model\.safetensors")
-    broken(truncate("optimizer.json"), r"optimizer\.json.*not valid JSON")
+    broken(truncate("optimizer.json"), r"optimizer\.json.*truncated")
     broken(write("scheduler.json", "\x00garbage{"), r"scheduler\.json.*not valid JSON")
     broken(write("scheduler.json", '{"hello": 1}'), r"scheduler\.json.*not an accelerate_c state file")
     broken(lambda d: os.remove(os.path.join(d, "random_states_0.json")), r"random_states_0\.json.*missing")

@@ -156,6 +156,9 @@ def test_fp8_state_under_another_world_size(tmp_path):
     doc = json.load(open(path))
     doc["data"][0]["head"]["g"] = ["1.5"]
     json.dump(doc, open(path, "w"))
+    meta = json.load(open(os.path.join(ck, "checkpoint.json")))  # its listed size too: the content is what is bad
+    meta["files"]["fp8_states_1.json"] = os.path.getsize(path)
+    json.dump(meta, open(os.path.join(ck, "checkpoint.json"), "w"))
     bad = _fp8_fake(1, 2)
     with pytest.raises(CheckpointError, match=r"fp8_states_1.*'head': 'g' must be a list of floats"):
         load_state(bad, ck)

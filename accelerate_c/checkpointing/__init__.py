@@ -6,7 +6,8 @@ from .format import CheckpointError, FORMAT_VERSION, decode, encode, read_state,
 from .model import parse_size, save_model
 from .directory import (CHECKPOINT_FILE, DataPosition, latest_checkpoint, list_checkpoints, read_checkpoint_info,
                         read_data_position)
-from .session import load_state, save_state
+from .loading import load_state
+from .session import save_state
 
 __all__ = ["CheckpointError", "FORMAT_VERSION", "decode", "encode", "read_state", "write_state", "parse_size",
            "save_model", "CHECKPOINT_FILE", "DataPosition", "latest_checkpoint", "list_checkpoints",

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import atomic
+from . import schema
+from .files import check_name
 from .format import CheckpointError, check_format, read_json, read_state
 
 logger = logging.getLogger(__name__)
@@ -63,18 +65,33 @@ def read_checkpoint_info(checkpoint_dir: str) -> dict:
         raise CheckpointError(f"checkpoint file {path} has format version 1 (written by an accelerate_c before "
                               f"universal checkpoints); this accelerate_c reads version {CHECKPOINT_VERSION}. Load it "
                               "with the accelerate_c that wrote it and save_state again to convert it.")
-    return check_format(path, doc, CHECKPOINT_FORMAT, CHECKPOINT_VERSION, "checkpoint index")
+    check_format(path, doc, CHECKPOINT_FORMAT, CHECKPOINT_VERSION, "checkpoint index")
+    schema.check(doc, schema.CHECKPOINT, path)
+    if not 1 <= doc["world_size"] <= len(doc["files"]):   # every rank writes files of its own
+        raise CheckpointError(f"checkpoint file {path}: world_size is {doc['world_size']}, not a process count "
+                              f"of a checkpoint of {len(doc['files'])} files")
+    for name in doc["files"]:
+        check_name(name, f"checkpoint file {path}: files")
+    return doc
 
 
 def listed_files(checkpoint_dir: str) -> list[str]:
     """The files the checkpoint.json of an existing checkpoint lists (none when there is none or it is unreadable):
-    what a new save into the same directory must not carry over."""
-    if not os.path.isfile(os.path.join(checkpoint_dir, CHECKPOINT_FILE)):
-        return []
+    what a new save into the same directory must not carry over. Only plain file names of that directory: a
+    listed "../x" or "/abs" is ignored, so a foreign checkpoint.json can never make a save delete outside it."""
     try:
-        return list(read_json(os.path.join(checkpoint_dir, CHECKPOINT_FILE)).get("files", {}))
+        files = read_json(os.path.join(checkpoint_dir, CHECKPOINT_FILE)).get("files", {})
     except (CheckpointError, AttributeError):
         return []
+    return [n for n in files if _is_plain(n)] if isinstance(files, dict) else []
+
+
+def _is_plain(name: object) -> bool:
+    try:
+        check_name(name, "")
+    except CheckpointError:
+        return False
+    return True
 
 
 def _auto_root(pc: Any) -> str:

@@ -23,18 +23,17 @@ from typing import Any, Optional, Union
 
 import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+
+from .errors import CheckpointError
+from .files import member, read_bytes
+from .stfile import TensorFile
 
 FORMAT_NAME = "accelerate_c.runtime.state"
 FORMAT_VERSION = 1
 TAG = "__t__"
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file is missing, truncated, foreign or of an unsupported format version."""
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -182,8 +181,10 @@ def decode(data: Any, tensors: dict[str, torch.Tensor], where: str = "<memory>")
         return value(data)
     except CheckpointError:
         raise
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         raise CheckpointError(f"{where}: malformed entry ({type(e).__name__}: {e})") from e
+    except RecursionError:
+        raise CheckpointError(f"{where}: nested too deeply") from None
 
 
 def fsync_file(path: PathLike) -> None:
@@ -203,20 +204,17 @@ def write_json(path: PathLike, doc: Any) -> None:
         os.fsync(f.fileno())
 
 
-def read_json(path: PathLike) -> Any:
-    """Reads a JSON file; CheckpointError naming the file when it is missing, truncated or not JSON."""
+def read_json(path: PathLike, expected_size: Optional[int] = None) -> Any:
+    """Reads a JSON file (a regular file, not followed if a link); CheckpointError naming the file when it is
+    missing, of another size than `expected_size`, truncated, nested too deeply or not JSON."""
     path = os.fspath(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint file {path} is missing") from None
-    except OSError as e:
-        raise CheckpointError(f"checkpoint file {path} cannot be read: {e}") from e
+    raw = read_bytes(path, expected_size=expected_size)
     try:
         return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as e:
-        raise CheckpointError(f"checkpoint file {path} is not valid JSON (truncated or corrupt?): {e}") from e
+        raise CheckpointError(f"checkpoint file {path} is not valid JSON (truncated or corrupt?): {e}") from None
+    except RecursionError:
+        raise CheckpointError(f"checkpoint file {path} is not valid JSON: nested too deeply") from None
 
 
 def _reject_constant(name: str) -> Any:
@@ -231,20 +229,10 @@ def write_tensors(path: PathLike, tensors: dict[str, torch.Tensor], metadata: Op
 
 
 def read_tensors(path: PathLike, device: str = "cpu", expected_size: Optional[int] = None) -> dict[str, torch.Tensor]:
-    """Reads a whole safetensors file; CheckpointError naming the file on any problem."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint file {path} is missing")
-    size = os.path.getsize(path)
-    if expected_size is not None and size != expected_size:
-        raise CheckpointError(f"checkpoint file {path} has {size} bytes but {expected_size} were written "
-                              "(truncated or replaced?)")
-    try:
-        with safe_open(path, framework="pt", device=str(device)) as f:
-            return {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError, RuntimeError, ValueError) as e:
-        raise CheckpointError(f"checkpoint file {path} is not a readable safetensors file "
-                              f"(truncated or corrupt?): {e}") from e
+    """Reads a whole safetensors file (header validated first, stfile.py); CheckpointError naming the file."""
+    with TensorFile(os.fspath(path), expected_size) as f:
+        tensors = f.tensors()
+    return tensors if str(device) == "cpu" else {k: t.to(device) for k, t in tensors.items()}
 
 
 def write_state(directory: PathLike, name: str, obj: Any, kind: str) -> list[str]:
@@ -276,19 +264,24 @@ def check_format(path: PathLike, doc: Any, name: str, version: int, what: str) -
     return doc
 
 
-def read_state(directory: PathLike, name: str, kind: Optional[str] = None, device: str = "cpu") -> Any:
-    """Reads a state file pair written by write_state; every problem is a CheckpointError naming the file."""
-    path = os.path.join(directory, f"{name}.json")
-    doc = check_format(path, read_json(path), FORMAT_NAME, FORMAT_VERSION, "state file")
+def read_state(directory: PathLike, name: str, kind: Optional[str] = None, device: str = "cpu",
+               sizes: Optional[dict] = None) -> Any:
+    """Reads a state file pair written by write_state (`name` confined to `directory`; file sizes checked against
+    `sizes` when given: checkpoint.json's "files"); every problem is a CheckpointError naming the file."""
+    directory = os.fspath(directory)
+    sizes = sizes or {}
+    path = member(directory, name, f"checkpoint {directory}", ".json")
+    doc = check_format(path, read_json(path, sizes.get(f"{name}.json")), FORMAT_NAME, FORMAT_VERSION, "state file")
     if kind is not None and doc.get("kind") != kind:
         raise CheckpointError(f"checkpoint file {path} holds {doc.get('kind')!r} state, expected {kind!r}")
     tensors: dict[str, torch.Tensor] = {}
     tfile = doc.get("tensor_file")
     if tfile is not None:
-        if not isinstance(tfile, str) or os.path.basename(tfile) != tfile:
-            raise CheckpointError(f"checkpoint file {path} names an invalid tensor file {tfile!r}")
-        tpath = os.path.join(directory, tfile)
-        tensors = read_tensors(tpath, device=device, expected_size=doc.get("tensor_file_size"))
+        tpath = member(directory, tfile, f"checkpoint file {path}")
+        size = doc.get("tensor_file_size")
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise CheckpointError(f"checkpoint file {path}: 'tensor_file_size' is {size!r}, not a byte count")
+        tensors = read_tensors(tpath, device=device, expected_size=size)
         if len(tensors) != doc.get("tensor_count"):
             raise CheckpointError(f"checkpoint file {tpath} holds {len(tensors)} tensors, index says "
                                   f"{doc.get('tensor_count')}")

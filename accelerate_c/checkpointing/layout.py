@@ -45,10 +45,14 @@ def model_layout(held: Mapping[str, Union[torch.Tensor, TensorSlice]], rank: int
                  unowned: Collection[str] = ()) -> list[TensorSlice]:
     """The model's logical tensors in `held`'s order: a TensorSlice the strategy cut is kept as it is; a tensor held
     whole becomes a whole slice written by one rank (balanced over the whole tensors but `unowned`, which are
-    listed and written by none). A non-contiguous tensor is flattened into a copy: written correctly, loaded via
-    load_state_dict."""
+    listed and written by none). Buffers held whole are rank 0's: replicas' buffers (BatchNorm statistics) drift
+    apart between ranks, and rank 0's are the ones DDP broadcasts before the next forward and HF saves. A
+    non-contiguous tensor is flattened into a copy: written correctly, loaded via load_state_dict."""
     whole = {k: t for k, t in held.items() if not isinstance(t, TensorSlice)}
-    owners = balanced_owners({k: t.numel() * t.element_size() for k, t in whole.items() if k not in unowned}, world)
+    buffers = {k for k, t in whole.items() if not isinstance(t, torch.nn.Parameter)}
+    owners = balanced_owners({k: t.numel() * t.element_size() for k, t in whole.items()
+                              if k not in unowned and k not in buffers}, world)
+    owners.update({k: 0 for k in buffers if k not in unowned})
     return [t if isinstance(t, TensorSlice) else
             TensorSlice(k, tuple(t.shape), t.dtype, 0, t.detach().reshape(-1), owner=owners.get(k) == rank)
             for k, t in held.items()]

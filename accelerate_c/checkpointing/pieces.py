@@ -22,13 +22,13 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 
-from .format import CheckpointError, PathLike, _dtype_from_name, _dtype_name
+from .errors import CheckpointError
+from .files import check_name
+from .format import PathLike, _dtype_from_name, _dtype_name
+from .stfile import ST_DTYPES, TensorFile, entry_numel
 
 META_KEY = "accelerate_c"
-_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-              torch.bool: "BOOL", torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
-              torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+_ST_DTYPES = ST_DTYPES
 
 
 def numel_of(shape: Sequence[int]) -> int:
@@ -104,90 +104,16 @@ def write_rank_file(path: PathLike, pieces: list[tuple[str, int, torch.Tensor, t
                              metadata={"format": "pt", META_KEY: json.dumps(doc, separators=(",", ":"))})
 
 
-_DTYPE_OF = {v: k for k, v in _ST_DTYPES.items()}
-
-
-class TensorFile:
-    """A safetensors file opened for ranged reads: its header parsed once, bytes read with pread."""
-
-    def __init__(self, path: str, expected_size: Optional[int] = None) -> None:
-        self.path = path
-        if not os.path.isfile(path):
-            raise CheckpointError(f"checkpoint file {path} is missing")
-        self.size = os.path.getsize(path)
-        if expected_size is not None and self.size != expected_size:
-            raise CheckpointError(f"checkpoint file {path} has {self.size} bytes but {expected_size} were written "
-                                  "(truncated or replaced?)")
-        self.fd = os.open(path, os.O_RDONLY)
-        try:
-            (n,) = struct.unpack("<Q", os.pread(self.fd, 8, 0))
-            if n > self.size - 8:
-                raise ValueError(f"header of {n} bytes in a file of {self.size}")
-            header = json.loads(os.pread(self.fd, n, 8))
-            self.metadata: dict = header.pop("__metadata__", None) or {}
-            self.entries: dict = header
-            self.base = 8 + n
-            if any(self.base + e["data_offsets"][1] > self.size for e in header.values()):
-                raise ValueError("tensor data beyond the end of the file")
-        except (ValueError, KeyError, TypeError, struct.error, UnicodeDecodeError) as e:
-            os.close(self.fd)
-            raise CheckpointError(f"checkpoint file {path} is not a readable safetensors file "
-                                  f"(truncated or corrupt?): {e}") from e
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-    def keys(self) -> list[str]:
-        return list(self.entries)
-
-    def entry(self, key: str) -> dict:
-        e = self.entries.get(key)
-        if e is None:
-            raise CheckpointError(f"checkpoint file {self.path} has no tensor {key!r}")
-        return e
-
-    def read_into(self, key: str, first: int, out: torch.Tensor) -> None:
-        """Elements [first, first + out.numel()) of stored tensor `key` (row-major) into the contiguous 1-D `out`."""
-        e = self.entry(key)
-        if _ST_DTYPES.get(out.dtype) != e["dtype"]:
-            raise CheckpointError(f"checkpoint file {self.path}: {key!r} is {e['dtype']}, expected {out.dtype}")
-        es = out.element_size()
-        lo, hi = e["data_offsets"]
-        off, nbytes = lo + first * es, out.numel() * es
-        if off + nbytes > hi:
-            raise CheckpointError(f"checkpoint file {self.path}: {key!r} has no elements "
-                                  f"[{first}, {first + out.numel()})")
-        if not nbytes:
-            return
-        view = memoryview(out.view(torch.uint8).numpy()).cast("B")
-        done = 0
-        while done < nbytes:
-            got = os.preadv(self.fd, [view[done:]], self.base + off + done)
-            if got <= 0:
-                raise CheckpointError(f"checkpoint file {self.path}: short read of {key!r} (truncated?)")
-            done += got
-
-    def tensor(self, key: str) -> torch.Tensor:
-        """A whole stored tensor, in memory of its own."""
-        e = self.entry(key)
-        dtype = _DTYPE_OF.get(e["dtype"])
-        if dtype is None:
-            raise CheckpointError(f"checkpoint file {self.path}: {key!r} has unsupported dtype {e['dtype']}")
-        out = torch.empty(numel_of(e["shape"]), dtype=dtype)
-        self.read_into(key, 0, out)
-        return out.view(e["shape"])
-
-
-def read_rank_meta(path: str) -> dict:
+def read_rank_meta(path: str, expected_size: Optional[int] = None) -> dict:
     """The JSON description a rank stored in its file's header (reads the header only)."""
-    if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint file {path} is missing (its rank did not write it)")
-    f = TensorFile(path)
-    f.close()
-    raw = f.metadata.get(META_KEY)
+    with TensorFile(path, expected_size) as f:
+        raw = f.metadata.get(META_KEY)
     if raw is None:
         raise CheckpointError(f"checkpoint file {path} has no accelerate_c piece description")
-    return json.loads(raw)
+    doc = json.loads(raw)
+    if not isinstance(doc, dict):
+        raise CheckpointError(f"checkpoint file {path}: its piece description is not a JSON object")
+    return doc
 
 
 def build_index(directory: str, files: list[str], metas: list[dict], logical: dict[str, tuple[list, str]]) -> dict:
@@ -204,18 +130,22 @@ def build_index(directory: str, files: list[str], metas: list[dict], logical: di
             found[name].append([fname, key, start, numel])
     index = {}
     for name, (shape, dtype) in logical.items():
-        pieces = sorted(found[name], key=lambda p: p[2])
-        at, total = 0, numel_of(shape)
-        for fname, key, start, numel in pieces:
-            if start != at:
-                what = "written twice" if start < at else "written by no rank"
-                lo, hi = (start, at) if start < at else (at, start)
-                raise CheckpointError(f"tensor {name!r}: elements [{lo}, {hi}) {what} ({fname})")
-            at = start + numel
-        if at != total:
-            raise CheckpointError(f"tensor {name!r}: elements [{at}, {total}) written by no rank")
-        index[name] = {"shape": list(shape), "dtype": dtype, "pieces": pieces}
+        check_cover(name, found[name], numel_of(shape))
+        index[name] = {"shape": list(shape), "dtype": dtype, "pieces": sorted(found[name], key=lambda p: p[2])}
     return index
+
+
+def check_cover(name: str, pieces: list, total: int) -> None:
+    """The pieces [file, key, start, numel] of logical tensor `name` cover [0, total) exactly once."""
+    at = 0
+    for fname, key, start, numel in sorted(pieces, key=lambda p: p[2]):
+        if start != at:
+            what = "written twice" if start < at else "written by no rank"
+            lo, hi = (start, at) if start < at else (at, start)
+            raise CheckpointError(f"tensor {name!r}: elements [{lo}, {hi}) {what} ({fname})")
+        at = start + numel
+    if at != total:
+        raise CheckpointError(f"tensor {name!r}: elements [{at}, {total}) written by no rank")
 
 
 class PieceReader:
@@ -229,10 +159,26 @@ class PieceReader:
     def file(self, fname: str) -> TensorFile:
         f = self._files.get(fname)
         if f is None:
-            if os.path.basename(fname) != fname:
-                raise CheckpointError(f"checkpoint index names an invalid file {fname!r}")
+            check_name(fname, "the checkpoint's tensor index")
             f = self._files[fname] = TensorFile(os.path.join(self.directory, fname), self.sizes.get(fname))
         return f
+
+    def validate(self) -> None:
+        """Every tensor of the index: a known dtype, pieces that tile it exactly once, each piece a whole stored
+        tensor of its file with that dtype and element count (files opened and their headers validated); nothing
+        is read or allocated beyond the headers."""
+        for name, e in self.index.items():
+            want = ST_DTYPES.get(_dtype_from_name(e["dtype"]))
+            if want is None:
+                raise CheckpointError(f"tensor {name!r} has dtype {e['dtype']!r}, which safetensors cannot hold")
+            check_cover(name, e["pieces"], numel_of(e["shape"]))
+            for fname, key, start, numel in e["pieces"]:
+                stored = self.file(fname).entry(key)
+                if stored["dtype"] != want or entry_numel(stored) != numel:
+                    raise CheckpointError(
+                        f"checkpoint file {os.path.join(self.directory, fname)}: tensor {key!r} is "
+                        f"{stored['dtype']}{stored['shape']}, the index says {numel} elements of {want} "
+                        f"(elements [{start}, {start + numel}) of {name!r})")
 
     def close(self) -> None:
         for f in self._files.values():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Optional
 
 from ..precision.fp8 import load_scaling_state, scaling_state, uses_delayed_scaling
 from .format import CheckpointError, read_state, write_state
@@ -37,12 +37,34 @@ def save_scaling(accelerator: Any, directory: str, rank: int) -> bool:
     return True
 
 
-def load_scaling(accelerator: Any, input_dir: str, meta: dict, strict: bool = True) -> None:
-    """Restores this rank's fp8 scaling state (see the header for other world sizes and older checkpoints)."""
+def read_scaling(accelerator: Any, input_dir: str, meta: dict, sizes: Optional[dict] = None) -> Optional[list]:
+    """This rank's saved fp8 scaling states (a list, one per model), [] when the checkpoint has none for models that
+    have FP8Linear, None when no model here has one (nothing to restore). Reads only: apply_scaling restores."""
     models = _modules(accelerator)
     if not any(scaling_state(m) for m in models):
-        return  # no FP8Linear here: a checkpoint's fp8 state, if any, has nothing to go to
+        return None  # no FP8Linear here: a checkpoint's fp8 state, if any, has nothing to go to
     if not meta.get(META_KEY):
+        return []
+    saved_world = int(meta.get("world_size") or 1)
+    rank = int(accelerator.process_index)
+    name = f"fp8_states_{rank % saved_world}"
+    if not os.path.isfile(os.path.join(input_dir, name + ".json")):
+        raise CheckpointError(f"checkpoint {input_dir} says it holds fp8 scaling state but {name}.json is missing "
+                              f"(rank {rank})")
+    states = read_state(input_dir, name, kind="fp8", sizes=sizes)
+    if not isinstance(states, list) or len(states) < len(models):
+        raise CheckpointError(f"checkpoint file {os.path.join(input_dir, name)}.json holds fp8 scaling state for "
+                              f"{len(states) if isinstance(states, list) else 'no list of'} model(s), "
+                              f"{len(models)} to load")
+    return [(name, st) for st in states]
+
+
+def apply_scaling(accelerator: Any, states: Optional[list], input_dir: str, strict: bool = True) -> None:
+    """Restores what read_scaling returned (see the header for other world sizes and older checkpoints)."""
+    if states is None:
+        return
+    models = _modules(accelerator)
+    if not states:
         for m in models:
             load_scaling_state(m, None)
         if accelerator.is_main_process and any(uses_delayed_scaling(m) for m in models):
@@ -50,18 +72,7 @@ def load_scaling(accelerator: Any, input_dir: str, meta: dict, strict: bool = Tr
                            "accelerate_c): the delayed-scaling amax histories start empty, so the first steps "
                            "quantise with current scaling and the run does not resume bit-exactly", input_dir)
         return
-    saved_world = int(meta.get("world_size") or 1)
-    rank = int(accelerator.process_index)
-    name = f"fp8_states_{rank % saved_world}"
-    if not os.path.isfile(os.path.join(input_dir, name + ".json")):
-        raise CheckpointError(f"checkpoint {input_dir} says it holds fp8 scaling state but {name}.json is missing "
-                              f"(rank {rank})")
-    states = read_state(input_dir, name, kind="fp8")
-    if not isinstance(states, list) or len(states) < len(models):
-        raise CheckpointError(f"checkpoint file {os.path.join(input_dir, name)}.json holds fp8 scaling state for "
-                              f"{len(states) if isinstance(states, list) else 'no list of'} model(s), "
-                              f"{len(models)} to load")
-    for i, (m, st) in enumerate(zip(models, states)):
+    for i, (m, (name, st)) in enumerate(zip(models, states)):
         try:
             missing = load_scaling_state(m, st, strict=strict)
         except ValueError as e:

@@ -1,5 +1,5 @@
-# accelerate_c/checkpointing/session.py: `Accelerator.save_state` / `load_state` under any strategy and world size
-# (universal checkpoints: logical tensors, loadable by any other strategy/world size).
+# accelerate_c/checkpointing/session.py: `Accelerator.save_state` under any strategy and world size (universal
+# checkpoints: logical tensors, loadable by any other strategy/world size; the load is loading.py).
 #
 # Layout of one checkpoint directory (JSON + safetensors, never pickle):
 #   checkpoint.json                      format/version, world size, step, file sizes; written last by the main
@@ -20,14 +20,12 @@
 # (the strategy's model_slices / optimizer_layout); scheduler/scaler/custom state load fully;
 # rank r restores random_states_r when it exists, else keeps its current RNG (a warning names the rank);
 # stateful dataloaders get rank r's state, or rank 0's when rank r has none (the loader must re-map it).
-# Not for: finding, naming and rotating checkpoints (directory.py), the piece files (pieces.py), the meaning of the
-# pieces (universal.py), which rank writes what (layout.py), the RNG (rng.py).
+# Not for: loading (loading.py), finding, naming and rotating checkpoints (directory.py), the piece files
+# (pieces.py), the meaning of the pieces (universal.py), which rank writes what (layout.py), the RNG (rng.py).
 from __future__ import annotations
 
-import inspect
 import logging
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -36,18 +34,15 @@ import torch
 from . import atomic
 from . import scaling
 from . import universal
-from .directory import (CHECKPOINT_FILE, CHECKPOINT_FORMAT, CHECKPOINT_VERSION, clear_interrupted, input_dir_for,
-                        is_coordinator, listed_files, output_dir_for, read_checkpoint_info, rotate)
-from .format import CheckpointError, check_format, read_json, read_state, write_json, write_state
+from .directory import (CHECKPOINT_FILE, CHECKPOINT_FORMAT, CHECKPOINT_VERSION, clear_interrupted, is_coordinator,
+                        listed_files, output_dir_for, rotate)
+from .format import write_json, write_state
 from .layout import strategy_of
-from .pieces import PieceReader, rank_file, read_rank_meta, write_rank_file
-from .rng import rng_state, set_rng_state
+from .pieces import rank_file, read_rank_meta, write_rank_file
+from .rng import rng_state
 from .universal import user_model as _user_model
 
 logger = logging.getLogger(__name__)
-
-_CUSTOM_RE = re.compile(r"^custom_checkpoint_(\d+)\.json$")
-
 
 def _nth(base: str, i: int) -> str:
     return base if i == 0 else f"{base}_{i}"
@@ -224,152 +219,3 @@ def _publish(accelerator: Any, tmp: str, output_dir: str, indexes: dict[str, dic
             **contents, "files": files}
     write_json(os.path.join(tmp, CHECKPOINT_FILE), meta)
     atomic.commit(tmp, output_dir, CHECKPOINT_FILE, drop_from_old=old_files + [CHECKPOINT_FILE])
-
-
-# ---------------------------------------------------------------------------------------------------- load
-def load_state(accelerator: Any, input_dir: Optional[str] = None, load_kwargs: Optional[dict] = None,
-               **load_model_func_kwargs: Any) -> str:
-    """Restores what save_state wrote (this rank's RNG only); returns the directory read.
-    map_location (None/"cpu"/"on_device") picks where optimizer tensors are materialised; other keyword
-    arguments go to `load_state_dict` of the models (e.g. strict=False). load_kwargs is accepted for HF
-    compatibility and unused (there is no torch.load)."""
-    input_dir = input_dir_for(accelerator.project_configuration, input_dir)
-    meta = read_checkpoint_info(input_dir)
-    sizes = meta.get("files", {})
-    device = _optimizer_device(accelerator, load_model_func_kwargs.pop("map_location", None))
-    saved_world, world = meta.get("world_size"), accelerator.num_processes
-    if saved_world != world and accelerator.is_main_process:
-        _warn_world_change(input_dir, saved_world, world)
-    models = _run_load_hooks(accelerator, input_dir, meta)
-    strategy = strategy_of(accelerator)
-    _load_models(accelerator, strategy, models, input_dir, meta, sizes, load_model_func_kwargs)
-    _load_optimizers(accelerator, strategy, input_dir, meta, sizes, device)
-    _load_schedulers_and_scaler(accelerator, input_dir, meta)
-    _load_rng(accelerator.process_index, input_dir, saved_world, world)
-    # Loaders after the RNG: a loader borrows its epoch-start RNG snapshot only while it rebuilds its sampler.
-    _load_dataloaders(accelerator, input_dir, saved_world, world)
-    scaling.load_scaling(accelerator, input_dir, meta, strict=load_model_func_kwargs.get("strict", True))
-    accelerator.step = int(meta["step"])
-    _load_custom_objects(accelerator, input_dir)
-    return input_dir
-
-
-def _optimizer_device(accelerator: Any, map_location: Optional[str]) -> Optional[str]:
-    """Where optimizer tensors are materialised: None for the CPU (where they are read), else the device."""
-    if map_location not in (None, "cpu", "on_device"):
-        raise TypeError("Unsupported optimizer map location passed, please choose one of `None`, `'cpu'`, "
-                        "or `'on_device'`")
-    device = str(getattr(accelerator, "device", "cpu")) if map_location == "on_device" else "cpu"
-    return device if device != "cpu" else None
-
-
-def _warn_world_change(input_dir: str, saved_world: Any, world: Any) -> None:
-    logger.warning(
-        "Checkpoint %s was saved by %s processes and is loaded by %s. Model, optimizer, scheduler, scaler "
-        "and custom objects are restored in full. RNG: rank r reads random_states_r; ranks >= %s have no "
-        "saved RNG and keep their current state; fp8 amax histories: rank r reads saved rank r %% %s. "
-        "Data position: rank r's dataloader state (rank 0's for "
-        "ranks without one) is handed to the dataloader, which must re-map it to the new world size.",
-        input_dir, saved_world, world, saved_world, saved_world)
-
-
-def _need(input_dir: str, kind: str, objs: list, names: list) -> None:
-    if len(objs) > len(names):
-        raise CheckpointError(f"{input_dir} holds {len(names)} {kind} state(s), {len(objs)} to load")
-
-
-def _read_index(directory: str, name: str, fmt: str) -> dict:
-    path = os.path.join(directory, f"{name}.json")
-    return check_format(path, read_json(path), fmt, universal.INDEX_VERSION, "tensor index")
-
-
-def _run_load_hooks(accelerator: Any, input_dir: str, meta: dict) -> list:
-    """The load_model_state_pre_hooks, then the check that the checkpoint holds a model for each one here."""
-    models = list(accelerator._models)
-    for hook in accelerator._load_model_state_pre_hook.values():
-        hook(models, input_dir)
-    if len(models) > len(meta["models"]):
-        raise CheckpointError(f"{input_dir} holds {len(meta['models'])} model(s), {len(models)} to load")
-    return models
-
-
-def _load_models(accelerator: Any, strategy: Any, models: list, input_dir: str, meta: dict, sizes: dict,
-                 load_model_func_kwargs: dict) -> None:
-    for i, model in enumerate(models):
-        name = meta["models"][i]
-        index = _read_index(input_dir, name, universal.MODEL_INDEX)
-        # keep_torch_compile=False: the user's module itself (the compiled wrapper's keys carry a prefix, and
-        # unwrapping with keep_torch_compile=True re-points the wrapper's _orig_mod, as HF does)
-        target = accelerator.unwrap_model(model, keep_torch_compile=False)
-        with PieceReader(input_dir, index["tensors"], sizes) as reader:
-            universal.load_model(reader, index, target, strategy.model_slices(_user_model(model)),
-                                 **load_model_func_kwargs)
-        # collective: e.g. ZeRO-1/2 re-gather full parameters from the shards (a layout object without it: nothing)
-        getattr(strategy, "slices_loaded", lambda m: None)(model)
-
-
-def _load_optimizers(accelerator: Any, strategy: Any, input_dir: str, meta: dict, sizes: dict,
-                     device: Optional[str]) -> None:
-    _need(input_dir, "optimizer", accelerator._optimizers, meta["optimizers"])
-    for opt, name in zip(accelerator._optimizers, meta["optimizers"]):
-        index = _read_index(input_dir, name, universal.OPTIMIZER_INDEX)
-        slots = strategy.optimizer_layout(opt, _model_of(accelerator, opt))
-        with PieceReader(input_dir, index["tensors"], sizes) as reader:
-            universal.load_optimizer(reader, index, opt, slots, device=device)
-
-
-def _load_schedulers_and_scaler(accelerator: Any, input_dir: str, meta: dict) -> None:
-    _need(input_dir, "scheduler", accelerator._schedulers, meta["schedulers"])
-    for sched, name in zip(accelerator._schedulers, meta["schedulers"]):
-        sched.load_state_dict(read_state(input_dir, name, kind="scheduler"))
-    scaler = getattr(accelerator, "scaler", None)
-    if scaler is not None:
-        if meta.get("scaler") is None:
-            raise CheckpointError(f"{input_dir} has no GradScaler state but this run uses one")
-        scaler.load_state_dict(read_state(input_dir, meta["scaler"], kind="scaler"))
-
-
-def _load_rng(rank: int, input_dir: str, saved_world: Any, world: Any) -> None:
-    """Rank r's saved RNG; under another world size a rank without one keeps its current RNG (a warning)."""
-    rng_name = f"random_states_{rank}"
-    if os.path.isfile(os.path.join(input_dir, rng_name + ".json")) or saved_world == world:
-        set_rng_state(read_state(input_dir, rng_name, kind="rng"))
-    else:
-        logger.warning("Rank %d: %s has no RNG state for this rank (saved with %s processes); keeping the "
-                       "current RNG state", rank, input_dir, saved_world)
-
-
-def _load_dataloaders(accelerator: Any, input_dir: str, saved_world: Any, world: Any) -> None:
-    """Stateful loaders resume at the saved batch; otherwise only the epoch counter and the epoch's shuffle state
-    come back (the batch position is left alone, as in HF, so a script's own skip_first_batches replays exactly
-    the saved epoch order without skipping twice). Under another world size a rank without a saved state gets
-    rank 0's."""
-    if not accelerator._dataloaders:
-        return
-    stateful = bool(getattr(accelerator, "use_stateful_dataloader", False))
-    dl_file = f"dataloader_states_{accelerator.process_index}"
-    if not os.path.isfile(os.path.join(input_dir, dl_file + ".json")) and saved_world != world:
-        dl_file = "dataloader_states_0"
-    dl_states = read_state(input_dir, dl_file, kind="dataloaders")
-    if len(dl_states) < len(accelerator._dataloaders):
-        raise CheckpointError(f"{input_dir} holds {len(dl_states)} dataloader state(s), "
-                              f"{len(accelerator._dataloaders)} to load")
-    for dl, st in zip(accelerator._dataloaders, dl_states):
-        if st is None:
-            continue
-        if stateful:
-            dl.load_state_dict(st)
-        elif "resume_position" in inspect.signature(dl.load_state_dict).parameters:
-            dl.load_state_dict(st, resume_position=False)
-
-
-def _load_custom_objects(accelerator: Any, input_dir: str) -> None:
-    custom = [f for f in os.listdir(input_dir) if _CUSTOM_RE.match(f)]
-    if len(custom) != len(accelerator._custom_objects):
-        raise RuntimeError(
-            f"Number of custom checkpoints in folder {input_dir} does not match the number of registered objects:"
-            f"\n\tFound checkpoints: {len(custom)}\n\tRegistered objects: {len(accelerator._custom_objects)}\n"
-            "Please make sure to only load checkpoints from folders that were created with the same set of "
-            "registered objects.")
-    for i, obj in enumerate(accelerator._custom_objects):
-        obj.load_state_dict(read_state(input_dir, f"custom_checkpoint_{i}", kind="custom"))

@@ -19,7 +19,8 @@ from typing import Any, Optional
 
 import torch
 
-from .format import CheckpointError, _dtype_from_name, decode, encode
+from .errors import CheckpointError, StateDictMismatch
+from .format import _dtype_from_name, decode, encode
 from .pieces import LazyTensors, PieceReader, build_index, check_entry, dtype_name, numel_of
 from .slices import ParamSlot, TensorSlice
 from .tied import fill_tied
@@ -82,8 +83,50 @@ def model_index(directory: str, files: list[str], metas: list[dict]) -> dict:
     return {"format": MODEL_INDEX, "version": INDEX_VERSION, "tensors": tensors, "aliases": aliases}
 
 
+def check_model(index: dict, target: torch.nn.Module, slices: list[TensorSlice], strict: bool = True) -> None:
+    """Everything load_model could refuse, checked before it changes anything: the names (strict), the shapes."""
+    aliases = index.get("aliases", {})
+    tensors = index["tensors"]
+    names = set(tensors) | {a for a, src in aliases.items() if src in tensors}
+    if is_whole(slices):
+        own = target.state_dict(keep_vars=True)
+        present = _with_tied(target, names)
+        missing = [k for k in own if k not in present]
+        unexpected = sorted(k for k in names if k not in own)
+        if strict and (missing or unexpected):
+            raise StateDictMismatch(f"Error(s) in loading state_dict for {type(target).__name__} (nothing was "
+                                    f"loaded): Missing key(s) in state_dict: {missing[:10]}; Unexpected key(s) in "
+                                    f"state_dict: {unexpected[:10]} (strict=False skips both)")
+        wrong = [f"{k}: {tensors[aliases.get(k, k)]['shape']} vs {list(t.shape)}" for k, t in own.items()
+                 if k in names and isinstance(t, torch.Tensor) and list(t.shape) != tensors[aliases.get(k, k)]["shape"]]
+        if wrong:
+            raise StateDictMismatch(f"Error(s) in loading state_dict for {type(target).__name__} (nothing was "
+                                    f"loaded): size mismatch (checkpoint vs this model): {wrong[:10]}")
+        return
+    here = set()
+    for s in slices:
+        here.add(s.name)
+        src = aliases.get(s.name, s.name)
+        if src not in tensors:
+            if strict:
+                raise CheckpointError(f"model tensor {s.name!r} is not in the checkpoint (strict=False skips it)")
+            continue
+        check_entry(s.name, tensors[src], s.shape)
+    extra = sorted(n for n in names if n not in here)
+    if strict and extra:
+        raise CheckpointError(f"the checkpoint holds model tensors this model lacks: {extra[:10]} "
+                              "(strict=False ignores them)")
+
+
+def _with_tied(module: torch.nn.Module, names: set) -> set:
+    """`names` with the names fill_tied would add (tensors of `module` sharing memory with a named one)."""
+    probe = fill_tied(module, dict.fromkeys(names))
+    return set(probe)
+
+
 def load_model(reader: PieceReader, index: dict, target: torch.nn.Module, slices: list[TensorSlice],
                **load_kwargs: Any) -> None:
+    """Reads the checkpoint's model into `target` (check_model first: then only a read error can stop it)."""
     aliases = index.get("aliases", {})
     if is_whole(slices):
         # read straight into the module's own tensors where they match (then load_state_dict's copy is a no-op:
@@ -103,29 +146,17 @@ def load_model(reader: PieceReader, index: dict, target: torch.nn.Module, slices
                 sd.setdefault(name, sd[src])
         target.load_state_dict(fill_tied(target, sd), **load_kwargs)
         return
-    strict = load_kwargs.get("strict", True)
-    here = set()
     filled: set[tuple] = set()
     with torch.no_grad():
         for s in slices:
-            here.add(s.name)
             key = _alias_key(s)
             if key is not None and key in filled:
                 continue                  # tied: this memory was filled under its first name
             if key is not None:
                 filled.add(key)
             src = aliases.get(s.name, s.name)
-            if src not in index["tensors"]:
-                if strict:
-                    raise CheckpointError(f"model tensor {s.name!r} is not in the checkpoint (strict=False skips it)")
-                continue
-            check_entry(s.name, index["tensors"][src], s.shape)
-            if s.numel:
+            if src in index["tensors"] and s.numel:
                 reader.read_into(src, s.start, s.data)     # straight into the slice's memory
-    extra = sorted(n for n in list(index["tensors"]) + list(aliases) if n not in here)
-    if strict and extra:
-        raise CheckpointError(f"the checkpoint holds model tensors this model lacks: {extra[:10]} "
-                              "(strict=False ignores them)")
 
 
 def _fits(t: Any, dtype: str, numel: int) -> bool:
@@ -227,8 +258,54 @@ def optimizer_index(directory: str, files: list[str], metas: list[dict]) -> dict
             "params": params, "tensors": tensors}
 
 
-def load_optimizer(reader: PieceReader, index: dict, optimizer: Any, slots: list[ParamSlot],
-                   device: Optional[str] = None) -> None:
+def _kind(v: Any) -> Any:
+    """What a hyperparameter must stay: a number (bool apart), a string, None, or a sequence of such of a length."""
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return type(v)
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, torch.Tensor):
+        return ("tensor", tuple(v.shape))
+    if isinstance(v, (list, tuple)):
+        return ("sequence", tuple(_kind(x) for x in v))
+    return type(v)
+
+
+def _check_hyper(g: int, hyper: Any, group: dict) -> None:
+    """The saved hyperparameters of group g have the kinds this optimizer's group has (what its load_state_dict and
+    step would otherwise refuse half-way: a string lr, a betas of another length)."""
+    if not isinstance(hyper, dict):
+        raise CheckpointError(f"optimizer group {g}: hyperparameters are {type(hyper).__name__}, not a dict")
+    for key, value in hyper.items():
+        if key in group and key != "params" and group[key] is not None and value is not None \
+                and _kind(value) != _kind(group[key]):
+            raise CheckpointError(f"optimizer group {g}: hyperparameter {key!r} is {value!r} in the checkpoint, "
+                                  f"this optimizer holds a {type(group[key]).__name__} ({group[key]!r})")
+
+
+class OptimizerLoad:
+    """A validated optimizer load (plan_optimizer): the state dict to give the optimizer, less the range reads
+    that apply() does (into the state tensors the optimizer already holds where they fit)."""
+
+    def __init__(self, optimizer: Any, sd: dict, reads: list, reader: PieceReader, device: Optional[str]) -> None:
+        self.optimizer, self.sd, self.reads, self.reader, self.device = optimizer, sd, reads, reader, device
+
+    def apply(self) -> None:
+        for st, key, name, first, n, shape, into in self.reads:
+            if into is not None:
+                self.reader.read_into(name, first, into.view(-1))
+                t = into
+            else:
+                t = self.reader.read(name, first, n)
+            t = t.view(shape)
+            st[key] = t.to(self.device) if self.device else t
+        self.optimizer.load_state_dict(self.sd)
+
+
+def plan_optimizer(reader: PieceReader, index: dict, optimizer: Any, slots: list[ParamSlot],
+                   device: Optional[str] = None) -> OptimizerLoad:
+    """Checks the checkpoint's optimizer against this one (groups, members, shapes, block alignment) and decodes
+    its scalar state; changes nothing (the returned load does, with apply())."""
     inner = _inner(optimizer)
     saved = index["param_groups"]
     if len(saved) != len(inner.param_groups):
@@ -236,12 +313,15 @@ def load_optimizer(reader: PieceReader, index: dict, optimizer: Any, slots: list
                               f"{len(inner.param_groups)}")
     by_param: dict[str, list[tuple[str, dict]]] = {}
     for name, e in index["tensors"].items():
+        if e["kind"] not in ("blocks", "elements"):
+            raise CheckpointError(f"optimizer state {name!r} has unknown kind {e['kind']!r}")
         by_param.setdefault(e["param"], []).append((name, e))
     groups_src = LazyTensors(reader, index["groups_file"], SCALAR_PREFIX)
     sd: dict[str, Any] = {"state": {}, "param_groups": []}
     i = 0
     for g, (group, sg) in enumerate(zip(inner.param_groups, saved)):
         hyper = decode(sg["hyper"], groups_src, where=f"optimizer group {g}")
+        _check_hyper(g, hyper, group)
         names = set(sg["params"])
         ids = []
         for _ in group["params"]:
@@ -253,25 +333,27 @@ def load_optimizer(reader: PieceReader, index: dict, optimizer: Any, slots: list
             i += 1
         sd["param_groups"].append({**hyper, "params": ids})
     params = [p for g in inner.param_groups for p in g["params"]]
+    reads = []
     for slot in slots:
         entry = index["params"].get(slot.name)
         current = inner.state.get(params[slot.index], {})
         if entry is None:
             continue                      # no state saved for it (it never stepped)
         st = decode(entry["scalar"], LazyTensors(reader, entry["file"], SCALAR_PREFIX), where=f"optimizer {slot.name}")
+        if not isinstance(st, dict):
+            raise CheckpointError(f"optimizer state of {slot.name!r} is {type(st).__name__}, not a dict")
         for name, e in by_param.get(slot.name, []):
             if e["kind"] == "blocks":
                 first, n = _block_range(slot, e["key"])
                 shape: tuple = (n,)
+                if list(e["shape"]) != [_blocks(numel_of(slot.shape))]:
+                    raise CheckpointError(f"optimizer state {name!r} has shape {e['shape']}, the 8-bit blocks of "
+                                          f"{slot.name!r} need [{_blocks(numel_of(slot.shape))}]")
             else:
                 check_entry(name, e, slot.shape)
                 first, n, shape = slot.start, slot.numel, slot.local_shape
             t = current.get(e["key"])
-            if _fits(t, e["dtype"], n) and not device:   # the state this optimizer already holds: fill it in place
-                reader.read_into(name, first, t.view(-1))
-            else:
-                t = reader.read(name, first, n)
-            t = t.view(shape)
-            st[e["key"]] = t.to(device) if device else t
+            into = t if _fits(t, e["dtype"], n) and not device else None   # held state: filled in place
+            reads.append((st, e["key"], name, first, n, shape, into))
         sd["state"][slot.index] = st
-    optimizer.load_state_dict(sd)
+    return OptimizerLoad(optimizer, sd, reads, reader, device)

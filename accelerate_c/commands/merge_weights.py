@@ -19,6 +19,7 @@ MAX_SHARD = "10GB"
 def merge_weights(checkpoint_dir: str, output_dir: str, safe_serialization: bool = True,
                   remove_checkpoint_dir: bool = False) -> str:
     """Merges model 0 of an accelerate_c checkpoint into output_dir; returns the main file's path."""
+    from ..checkpointing import schema
     from ..checkpointing.format import _dtype_from_name, check_format, read_json
     from ..checkpointing.model import parse_size, write_hf_model
     from ..checkpointing.pieces import PieceReader
@@ -32,11 +33,12 @@ def merge_weights(checkpoint_dir: str, output_dir: str, safe_serialization: bool
     if not meta.get("models"):
         raise FileNotFoundError(f"{os.path.join(checkpoint_dir, CHECKPOINT_FILE)} lists no model")
     path = os.path.join(checkpoint_dir, f"{meta['models'][0]}.json")
-    index = check_format(path, read_json(path), MODEL_INDEX, INDEX_VERSION, "tensor index")
+    index = check_format(path, read_json(path, meta["files"].get(f"{meta['models'][0]}.json")), MODEL_INDEX,
+                         INDEX_VERSION, "tensor index")
+    schema.check(index, schema.MODEL_INDEX, path)
     specs = [(n, tuple(e["shape"]), _dtype_from_name(e["dtype"])) for n, e in index["tensors"].items()]
-    with PieceReader(checkpoint_dir, index["tensors"], meta.get("files")) as reader:
-        for fname in sorted({p[0] for e in index["tensors"].values() for p in e["pieces"]}):
-            reader.file(fname)   # every piece file present and whole before anything is written
+    with PieceReader(checkpoint_dir, index["tensors"], meta["files"]) as reader:
+        reader.validate()   # every piece file present, whole and consistent with the index before anything is written
         names, _, _ = write_hf_model(output_dir, specs, reader.read_whole, parse_size(MAX_SHARD), safe_serialization)
     if remove_checkpoint_dir:
         shutil.rmtree(checkpoint_dir)
@@ -48,7 +50,7 @@ def merge_command(args: argparse.Namespace) -> int:
     try:
         out = merge_weights(args.checkpoint_directory, args.output_path, not args.unsafe_serialization,
                             args.remove_checkpoint_dir)
-    except CheckpointError as exc:
+    except (CheckpointError, FileNotFoundError) as exc:
         print(f"accelerate_c merge-weights: error: {exc}", file=sys.stderr)
         return 1
     print(f"merged weights written to {out}")
