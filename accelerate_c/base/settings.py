@@ -22,8 +22,8 @@ TRUE_WORDS = ("1", "true", "yes", "on", "y", "t")
 FALSE_WORDS = ("0", "false", "no", "off", "n", "f")
 KINDS = ("bool", "int", "float", "choice", "str")
 # who reads a variable: the training processes, the C extension (through native_options), the launcher / CLI,
-# the ranks only as written by the launcher (never set by hand), the build (setup.py)
-SCOPES = ("run", "native", "launcher", "internal", "build")
+# the ranks only as written by the launcher (never set by hand), the build (setup.py), tests' hooks
+SCOPES = ("run", "native", "launcher", "internal", "build", "test")
 SPIN_MAX_US = 10_000_000
 
 
@@ -210,6 +210,10 @@ TABLE: tuple[Setting, ...] = (
     # ---- read by the build ----------------------------------------------------------------------------------------
     _S("DEBUG", "bool", False, "build the C extension with -O0 -g", "setup.py", "build"),
     _S("SANITIZE", "bool", False, "build the C extension with ASan/UBSan", "setup.py", "build"),
+    # ---- test hooks ---------------------------------------------------------------------------------------------
+    _S("KILL_AT", "str", None, "`<point>[@<rank>][:launcher]`: the process reaching the named point of start-up or "
+       "save (and of that RANK) SIGKILLs itself (or the launcher); the points: base/killpoints.py",
+       "base/killpoints.py (kill_point, at every point)", "test"),
 )
 BY_KEY = {s.key: s for s in TABLE}
 
@@ -310,6 +314,7 @@ _SCOPE_TITLES = {
     "launcher": "Read by the launcher and the CLI",
     "internal": "Internal: written by the launcher into every rank's environment (never set them by hand)",
     "build": "Read when building the C extension (`setup.py`)",
+    "test": "Test hooks (never set them outside tests)",
 }
 
 

@@ -10,19 +10,61 @@
 # fallback, between its two renames) both complete checkpoints aside; `recover()` / `resolve_for_read()`
 # then pick the new one when its commit marker is present, else the old one.
 # Names: temp/old siblings start with "." and end with TMP_SUFFIX/OLD_SUFFIX, so listings ignore them.
+# In use: the coordinator holds an exclusive flock on the temp folder from its creation to the end of commit()
+# (hold/release; the kernel drops it when the process dies, however it dies), so `cleanup` (interrupted.py) never
+# removes the folder of a save that is still running. The kill points (base/killpoints.py) mark each step.
 # Not for: what goes inside a checkpoint (session.py) or multi-process coordination (session.py).
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import logging
 import os
 import shutil
 from typing import Iterable, Optional
 
+from ..base.killpoints import kill_point
+
 logger = logging.getLogger(__name__)
 
 TMP_SUFFIX = ".accelerate_c-tmp"
 OLD_SUFFIX = ".accelerate_c-old"
+_HELD: dict[str, int] = {}  # path -> descriptor holding this process's flock on it
+
+
+def hold(path: str) -> None:
+    """Marks `path` (a folder or file this process writes) as in use until release() or this process's end."""
+    release(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held by another process (or no flock here): nothing to mark
+        os.close(fd)
+        return
+    _HELD[os.path.abspath(path)] = fd
+
+
+def release(path: str) -> None:
+    fd = _HELD.pop(os.path.abspath(path), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def in_use(path: str) -> bool:
+    """True while some process holds `path` (hold()): a save or save_model that is still writing it."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
 
 
 def _split(final: str) -> tuple[str, str]:
@@ -123,6 +165,8 @@ def prepare_temp_dir(final: str, marker: str) -> str:
     recover(final, marker)
     tmp = temp_dir_for(final)
     os.mkdir(tmp)
+    hold(tmp)
+    kill_point("save.tmp_created")
     return tmp
 
 
@@ -153,12 +197,21 @@ def commit(tmp: str, final: str, marker: str, drop_from_old: Iterable[str] = ())
 
     Entries of an existing `final` are kept unless the new checkpoint writes the same name or they are
     listed in `drop_from_old` (files that belonged to the previous checkpoint)."""
+    kill_point("save.before_commit")
+    try:
+        _commit(tmp, final, marker, drop_from_old)
+    finally:
+        release(tmp)
+
+
+def _commit(tmp: str, final: str, marker: str, drop_from_old: Iterable[str]) -> None:
     final = os.path.abspath(final)
     parent = os.path.dirname(final)
     if os.path.lexists(final) and not os.path.isdir(final):
         raise FileExistsError(f"cannot save a checkpoint to {final}: it exists and is not a directory")
     if not os.path.lexists(final):
         fsync_tree(tmp)
+        kill_point("save.before_rename")
         os.rename(tmp, final)
         fsync_dir(parent)
         return
@@ -183,14 +236,18 @@ def commit(tmp: str, final: str, marker: str, drop_from_old: Iterable[str] = ())
         fsync_dir(final)
         _rmtree(tmp)
         return
+    kill_point("save.before_exchange")
     if _exchange(tmp, final):
         fsync_dir(parent)
+        kill_point("save.after_exchange")
         _rmtree(tmp)          # now holds the previous checkpoint
         return
     old = old_dir_for(final)
     _rmtree(old)
     os.rename(final, old)
     fsync_dir(parent)
+    kill_point("save.between_renames")
     os.rename(tmp, final)
     fsync_dir(parent)
+    kill_point("save.old_left")
     _rmtree(old)

@@ -10,7 +10,8 @@
 # is written by rank j % world straight from memory; otherwise every rank first writes the pieces it owns
 # (pieces.py) into a temporary folder and each shard's writer assembles one tensor at a time from them, so no
 # rank ever holds the whole model. Sizes: int bytes or "10GB"/"500MB" (decimal, like huggingface_hub) or "1GiB"
-# (binary). Not for: optimizer/RNG state (session.py, format.py).
+# (binary). A killed export leaves `<file>.accelerate_c-tmp` files or the pieces folder: the next export to the
+# folder removes them (interrupted.py). Not for: optimizer/RNG state (session.py, format.py).
 from __future__ import annotations
 
 import dataclasses
@@ -24,7 +25,10 @@ from typing import Any, Callable, Union
 
 import torch
 
+from ..base.killpoints import kill_point
+from . import atomic
 from .format import PathLike, _dtype_from_name, fsync_file
+from .interrupted import PIECES_DIR, remove_model_leftovers
 from .layout import strategy_of
 from .pieces import PieceReader, numel_of, rank_file, read_rank_meta, write_rank_file, write_safetensors
 from .tied import dedupe_tied
@@ -113,13 +117,18 @@ def _is_writer(accelerator: Any) -> bool:
 
 
 def _replace_file(write, final: str) -> None:
-    """Writes through `write(tmp_path)`, fsyncs, then renames over `final` (readers never see half a file)."""
-    tmp = f"{final}.accelerate_c-tmp"
+    """Writes through `write(tmp_path)`, fsyncs, then renames over `final` (readers never see half a file). The
+    temp file is held (atomic.hold) while it is written, so `cleanup` leaves it alone."""
+    tmp = f"{final}{atomic.TMP_SUFFIX}"
     try:
+        open(tmp, "wb").close()
+        atomic.hold(tmp)
         write(tmp)
         fsync_file(tmp)
+        kill_point("save_model.tmp_written")
         os.replace(tmp, final)
     finally:
+        atomic.release(tmp)
         if os.path.exists(tmp):
             os.remove(tmp)
 
@@ -160,6 +169,7 @@ def finish_hf_model(save_directory: str, names: list[str], shards: list[list[str
     """The index of a sharded export (none for one file) and the removal of stale shards of an earlier layout."""
     stem = "model" if safe_serialization else "pytorch_model"
     os.makedirs(save_directory, exist_ok=True)
+    remove_model_leftovers(save_directory)  # of killed saves (temp files, pieces): what no running save holds
     for fname in os.listdir(save_directory):
         if _SHARD_RE.match(fname) and fname.startswith(stem + "-") and fname not in names:
             os.remove(os.path.join(save_directory, fname))
@@ -209,10 +219,11 @@ def save_model(accelerator: Any, model: torch.nn.Module, save_directory: PathLik
             finish_hf_model(save_directory, *layout, safe_serialization)
         accelerator.wait_for_everyone()
         return
-    tmp = os.path.join(save_directory, ".accelerate_c-pieces")
+    tmp = os.path.join(save_directory, PIECES_DIR)
     if main:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
+        atomic.hold(tmp)
     accelerator.wait_for_everyone()
     pieces, extra, meta = model_rank_part(slices)
     write_rank_file(os.path.join(tmp, rank_file("model", rank, world)), pieces, extra, meta)
@@ -227,4 +238,5 @@ def save_model(accelerator: Any, model: torch.nn.Module, save_directory: PathLik
     if main:
         finish_hf_model(save_directory, *layout, safe_serialization)
         shutil.rmtree(tmp, ignore_errors=True)
+        atomic.release(tmp)
     accelerator.wait_for_everyone()

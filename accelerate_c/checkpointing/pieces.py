@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 
+from ..base.killpoints import kill_point
 from .errors import CheckpointError
 from .files import check_name
 from .format import PathLike, _dtype_from_name, _dtype_name
@@ -66,6 +67,8 @@ def write_safetensors(path: PathLike, specs: Sequence[tuple[str, tuple[int, ...]
                 raise ValueError(f"tensor {key!r}: produced {t.dtype}{list(t.shape)}, header says {dtype}{list(shape)}")
             if t.numel():
                 f.write(_raw_bytes(t))
+            if i == 0:
+                kill_point("save.mid_piece")
         f.flush()
         os.fsync(f.fileno())
     return os.path.getsize(path)

@@ -3,17 +3,16 @@
 # (the DDP strategy builds on alloc() + all_reduce()/all_reduce_async()).
 #
 # Creation is collective over a torch.distributed process group whose ranks all live on this host: group
-# rank 0 creates the segment (O_EXCL, 0600, a name with the job's master port, its pid and a random token),
-# the name travels by broadcast_object_list, the others attach, and the last one to attach unlinks the name,
-# so nothing is left in /dev/shm even if a rank is SIGKILLed later. Every collective must be issued by every
-# rank of the group in the same order (mismatches raise on every rank; a dead or late peer raises after the
-# timeout, which defaults to the process group's timeout).
+# rank 0 creates the segment (O_EXCL, 0600, unguessable name), the name travels by broadcast_object_list, the
+# others attach, and the last one to attach unlinks the name, so nothing is left in /dev/shm even if a rank is
+# SIGKILLed later; what a kill before that leaves is reclaimed (shm_segments.py). Every collective must be
+# issued by every rank of the group in the same order (mismatches raise on every rank; a dead or late peer
+# raises after the timeout, which defaults to the process group's timeout).
 from __future__ import annotations
 
 import mmap
 import os
 import queue
-import secrets
 import threading
 from datetime import timedelta
 from typing import Any, Callable, Optional
@@ -23,6 +22,7 @@ import torch.distributed as dist
 
 from accelerate_c import _C
 from accelerate_c.base import settings
+from accelerate_c.comm.shm_segments import open_group, open_region
 
 # "sum_div": the sum rounded to the dtype, then divided by the group size (torch's all_reduce(SUM); t /= n,
 # which is what HF Accelerate's reduce(..., "mean") computes); "avg" divides the unrounded sum (DDP).
@@ -121,32 +121,7 @@ class ShmGroup:
         self._queue: Optional[queue.SimpleQueue] = None
         self._pending: list[Work] = []
         self._lock = threading.Lock()
-        tag = tag or settings.env_value("MASTER_PORT", "0")
-        h = None
-        err = ""
-        name = None
-        if self.rank == 0:  # create before sharing the name, so the others can attach at once
-            name = f"/accc-{tag}-{os.getpid()}-{secrets.token_hex(8)}"
-            try:
-                h = _C.shm_group_open(name, True, 0, self.size, small_bytes, chunk_bytes, self.timeout)
-            except Exception as e:
-                err = f"rank 0: {e}"
-        name, err0 = self._share((name, err))
-        if not err0 and self.rank != 0:
-            try:
-                h = _C.shm_group_open(name, False, self.rank, self.size, small_bytes, chunk_bytes, self.timeout)
-            except Exception as e:  # every rank learns about the failure below instead of timing out
-                err = f"rank {self.rank}: {e}"
-        errs = self._gather(err)
-        if any(errs):
-            if h is not None:
-                _C.shm_group_close(h)  # the creator unlinks the name when not everyone attached
-            if self.rank == 0:
-                _C.shm_unlink(name)
-            raise RuntimeError("ShmGroup creation failed: " + "; ".join(e for e in errs if e))
-        _C.shm_group_wait_attached(h)
-        self._h = h
-        self.name = name
+        self._h, self.name = open_group(self, small_bytes, chunk_bytes, tag or settings.env_value("MASTER_PORT", "0"))
 
     # ---- collective plumbing over the bootstrap process group ------------------------------------------
     def _share(self, obj: Any) -> Any:
@@ -309,27 +284,7 @@ class ShmGroup:
         Every rank must call alloc with the same sizes in the same order. At most 32 per group."""
         nbytes = int(numel) * torch.empty((), dtype=dtype).element_size()
         part = max(_PAGE, (nbytes + _PAGE - 1) // _PAGE * _PAGE)
-        tag = settings.env_value("MASTER_PORT", "0")
-        name, err, fd = None, "", -1
-        if self.rank == 0:  # create before sharing the name
-            name = f"/accc-{tag}-{os.getpid()}-{secrets.token_hex(8)}-r"
-            try:
-                fd = _C.shm_region_fd(name, True, part * self.size)
-            except Exception as e:
-                err = f"rank 0: {e}"
-        name, err0 = self._share((name, err))
-        if not err0 and self.rank != 0:
-            try:
-                fd = _C.shm_region_fd(name, False, part * self.size)
-            except Exception as e:
-                err = f"rank {self.rank}: {e}"
-        errs = self._gather(err)  # after this every rank has the region open (or knows it failed)
-        if self.rank == 0 and name is not None:
-            _C.shm_unlink(name)
-        if any(errs):
-            if fd >= 0:
-                os.close(fd)
-            raise RuntimeError("ShmGroup.alloc failed: " + "; ".join(e for e in errs if e))
+        fd = open_region(self, part * self.size)
         try:
             mm = mmap.mmap(fd, part * self.size)
         finally:

@@ -17,11 +17,11 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import uuid
 from typing import Any, Iterator
 
-from ..base import settings
+from ..base import leftovers, settings
+from ..base.killpoints import kill_point
 from .watchdog import FailureWatch, stopped_line
 from .config_args import ClusterConfig, ConfigError, find_default_config, load_config, parse_rdzv_conf
 from .config_flags import HelpFormatter, add_config_flags, add_flag, apply_flags
@@ -225,7 +225,8 @@ def launch_command(args: argparse.Namespace) -> int:
     nproc = cfg.num_processes // cfg.num_machines
     rdzv = rendezvous(cfg)
     rdzv["rdzv_configs"] = {**rdzv["rdzv_configs"], **parse_rdzv_conf(cfg.rdzv_conf)}  # --rdzv_conf wins
-    log_dir = tempfile.mkdtemp(prefix="accelerate_c_launch_")
+    log_dir = leftovers.make_launch_dir()  # named after this launcher: a later launch or `cleanup` reclaims it
+    kill_point("launch.temp_dir")
     watch = None
     if cfg.num_machines > 1:  # first, so that every later failure of this launcher reaches the other machines
         host, port = rdzv["rdzv_endpoint"].rsplit(":", 1)
@@ -243,6 +244,7 @@ def launch_command(args: argparse.Namespace) -> int:
         if watch is not None:
             watch.stop()
         shutil.rmtree(log_dir, ignore_errors=True)
+        leftovers.sweep_segments()  # what killed ranks left in /dev/shm (every rank is gone by now)
 
 
 def _launch(args: argparse.Namespace, cfg: ClusterConfig, nproc: int, rdzv: dict[str, Any], log_dir: str,
