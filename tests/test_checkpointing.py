@@ -251,7 +251,7 @@ def test_resave_same_dir_keeps_foreign_files_drops_stale(tmp_path):
     assert not [n for n in os.listdir(tmp_path) if atomic.is_internal_name(n)]
 
 
-def test_automatic_naming_and_total_limit(tmp_path):
+def test_automatic_naming_and_total_limit(tmp_path, monkeypatch):
     acc = FakeAccelerator(project_dir=str(tmp_path), auto=True, total_limit=2)
     root = tmp_path / "checkpoints"
     os.makedirs(root / ".checkpoint_0.accelerate_c-tmp")  # leftover of a crashed save
@@ -267,6 +267,22 @@ def test_automatic_naming_and_total_limit(tmp_path):
         save_state(acc)
     os.makedirs(root / "checkpoint_9")  # incomplete (no checkpoint.json): never picked
     assert load_state(new).endswith("checkpoint_3")
+    # a save killed while rotation deletes the oldest: the half-deleted checkpoint is never listed as complete
+    from accelerate_c.checkpointing import directory
+    real_rmtree = directory.shutil.rmtree
+
+    def killed(path, *a, **k):
+        if "checkpoint_2" in str(path):
+            os.remove(os.path.join(path, "model.safetensors"))     # part of it gone, then the "kill"
+            raise KeyboardInterrupt
+        return real_rmtree(path, *a, **k)
+    acc.project_configuration.iteration = 10
+    monkeypatch.setattr(directory.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        save_state(acc)
+    monkeypatch.undo()
+    listed = [os.path.basename(p) for _, p in directory.list_checkpoints(str(root))]
+    assert "checkpoint_2" not in listed and "checkpoint_10" in listed, listed
 
 
 # ----------------------------------------------------------------------------------------------- errors

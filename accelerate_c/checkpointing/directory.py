@@ -124,13 +124,19 @@ def clear_interrupted(auto_root: str) -> None:
 
 
 def rotate(auto_root: str, total_limit: Optional[int]) -> None:
-    """Deletes the oldest complete automatic checkpoints beyond total_limit (None: keeps all)."""
+    """Deletes the oldest complete automatic checkpoints beyond total_limit (None: keeps all). Each is first renamed
+    to its hidden temp name, so a save killed while deleting it never leaves a half-deleted checkpoint listed as
+    complete (the leftover is an interrupted save's folder: the next save or `cleanup` removes it)."""
     if total_limit is None:
         return
     found = list_checkpoints(auto_root)
     for _, path in found[: max(0, len(found) - total_limit)]:
         logger.warning("Deleting checkpoint %s (total_limit=%d)", path, total_limit)
-        shutil.rmtree(path)
+        aside = atomic.temp_dir_for(path)
+        if os.path.lexists(aside):
+            shutil.rmtree(aside)
+        os.rename(path, aside)
+        shutil.rmtree(aside)
 
 
 def input_dir_for(pc: Any, input_dir: Optional[str]) -> str:
