@@ -34,7 +34,7 @@ ENVIRON_ALLOWED = {
 }
 ENV_ATTRS = {"environ", "environb", "getenv", "putenv", "unsetenv"}
 # the launcher writes its internal variables into the ranks' environment by name
-VAR_WRITERS = {"commands/launch.py", "commands/config_args.py"}
+VAR_WRITERS = {"commands/launch.py", "commands/config_args.py", "commands/arrivals.py", "commands/config_bounds.py"}
 
 
 def _modules() -> dict[str, ast.AST]:
@@ -113,7 +113,7 @@ def test_the_table_is_well_formed():
         assert (s.low is None and s.high is None) or s.kind in ("int", "float"), s
         assert s.default is None or s.parse(None) == s.default, s
     internal = {s.key for s in TABLE if s.internal}
-    assert internal == {"RUN_ID", "LAUNCHER_PID", "NUM_MACHINES", "CONFIG"}
+    assert internal == {"RUN_ID", "LAUNCHER_PID", "NUM_MACHINES", "CONFIG", "ARRIVAL_DIR"}
 
 
 def test_configuration_doc_is_the_generated_table():
@@ -186,7 +186,7 @@ def test_each_bad_value_is_a_named_error(key):
 def test_bounds_in_messages():
     with pytest.raises(SettingError, match=r"ACCELERATE_C_SHM_SPIN_US='-1': allowed: an integer in 0\.\.10_000_000"):
         settings.get("SHM_SPIN_US", {settings.var("SHM_SPIN_US"): "-1"})
-    with pytest.raises(SettingError, match=r"ACCELERATE_C_OUTPUT_CACHE_MB='-3': allowed: a finite number >= 0"):
+    with pytest.raises(SettingError, match=r"ACCELERATE_C_OUTPUT_CACHE_MB='-3': allowed: a finite number in 0\.\.1_048_576"):
         settings.get("OUTPUT_CACHE_MB", {settings.var("OUTPUT_CACHE_MB"): "-3"})
     with pytest.raises(SettingError, match=r"ACCELERATE_C_GRAD_SYNC='fast': allowed: bucketed, reference"):
         settings.get("GRAD_SYNC", {settings.var("GRAD_SYNC"): "fast"})

@@ -28,6 +28,10 @@ PREFIXES = ("FSDP_", "ACCELERATE_DEEPSPEED_", "ACCELERATE_USE_FSDP", "ACCELERATE
 def _clean(sharding_env, monkeypatch, tmp_path):
     monkeypatch.setenv("ACCELERATE_C_CONFIG_DIR", str(tmp_path / "ours"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    # the DeepSpeed file the flag sets below name: our launcher reads it, as every rank will (HF's only passes it on)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds.json").write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto",
+                                                  "zero_optimization": {"stage": 2}}))
     yield
 
 

@@ -177,7 +177,7 @@ TABLE: tuple[Setting, ...] = (
     _S("SHARD_KERNELS", "bool", True, "the sharded engine's C copy-in and fused compute-copy write (0: torch "
        "copies and a separate cast after the step)", "sharding/pack.py (kernels_enabled, at every call)"),
     _S("OUTPUT_CACHE_MB", "float", 256.0, "MiB of free blocks kept for the large CPU tensors collectives return "
-       "(0 turns the cache off)", "comm/outbuf.py (limit_bytes, read once)", low=0),
+       "(0 turns the cache off)", "comm/outbuf.py (limit_bytes, read once)", low=0, high=1 << 20),
     _S("HOST_ID", "str", None, "this process's host identity: ranks with the same id share memory; unset: the "
        "hostname. The launcher sets one per launch and machine (`--host_id`)", "comm/group.py (host_id)"),
     # ---- read by the C extension, through native_options() ----------------------------------------------------
@@ -194,7 +194,7 @@ TABLE: tuple[Setting, ...] = (
     # ---- read by the launcher / CLI -----------------------------------------------------------------------------
     _S("RDZV_TIMEOUT", "int", None, "seconds the machines of a multi-machine launch wait for each other at the "
        "rendezvous; unset: torch's default (900 for c10d, 600 for static)", "commands/launch.py (_rdzv_timeout)",
-       "launcher", low=1),
+       "launcher", low=1, high=7 * 24 * 3600),
     _S("CONFIG_DIR", "str", None, "where `config` writes and `launch` first looks for default_config.yaml; "
        "unset: $XDG_CACHE_HOME/accelerate_c (~/.cache/accelerate_c)", "commands/config_args.py (config_dir)",
        "launcher"),
@@ -207,6 +207,9 @@ TABLE: tuple[Setting, ...] = (
        "tests)", "internal", low=1),
     _S("LAUNCHER_PID", "int", None, "the launcher's pid: a rank gets SIGTERM when the launcher dies",
        "commands/_bootstrap.py (_die_with_launcher)", "internal", low=1),
+    _S("ARRIVAL_DIR", "str", None, "the folder where each rank notes its start and its call of init_process_group, "
+       "for the launcher's report of ranks that have not arrived (`--startup_report_interval`)",
+       "commands/_bootstrap.py (_note_arrivals), commands/arrivals.py", "internal"),
     # ---- read by the build ----------------------------------------------------------------------------------------
     _S("DEBUG", "bool", False, "build the C extension with -O0 -g", "setup.py", "build"),
     _S("SANITIZE", "bool", False, "build the C extension with ASan/UBSan", "setup.py", "build"),
@@ -236,6 +239,13 @@ def get(key: str, env: Optional[Mapping[str, str]] = None) -> Any:
     table's default; a value that is not allowed: SettingError naming the variable, the value and the bounds."""
     s = setting(key)
     return s.parse((os.environ if env is None else env).get(s.name))
+
+
+def unknown_names(env: Optional[Mapping[str, str]] = None) -> list[str]:
+    """The ACCELERATE_C_* names in `env` (default os.environ) that are not in TABLE (a typo, or a variable of
+    another version), sorted; the launcher warns about them."""
+    env = os.environ if env is None else env
+    return sorted(k for k in env if k.startswith(PREFIX) and k[len(PREFIX):] not in BY_KEY)
 
 
 def check(env: Optional[Mapping[str, str]] = None, scopes: tuple[str, ...] = ("run", "native")) -> dict[str, Any]:

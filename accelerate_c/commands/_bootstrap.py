@@ -4,6 +4,10 @@
 # accelerate_c or torch itself (base/settings.py, which reads the launcher's variables, is loaded by path
 # and dropped). Not for: setting up distributed state (the script/Accelerator does).
 #
+# With the launcher's ACCELERATE_C_ARRIVAL_DIR it also notes, in that folder, that the rank started and when it
+# first calls torch.distributed.init_process_group (a one-shot import hook wraps that function), so the launcher
+# can name a rank that keeps the others waiting there (commands/arrivals.py).
+#
 # The rank then leaves without the interpreter's final teardown (see _leave): torch's gloo worker threads
 # outlive destroy_process_group (torch keeps the process group referenced once e.g. an optimizer imported
 # torch._dynamo), and one that drops a finished collective's tensors while the interpreter finalizes needs
@@ -53,9 +57,9 @@ def _settings() -> Any:
     return mod
 
 
-def _die_with_launcher() -> None:
+def _die_with_launcher(settings: Any) -> None:
     # Linux: get SIGTERM when the launcher dies, even by SIGKILL, so no rank is left orphaned.
-    launcher = _settings().get("LAUNCHER_PID")
+    launcher = settings.get("LAUNCHER_PID")
     if not sys.platform.startswith("linux") or launcher is None:
         return
     try:
@@ -69,8 +73,90 @@ def _die_with_launcher() -> None:
         sys.exit(1)
 
 
+def _note(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)  # the launcher never reads half a note
+    except OSError:  # the launcher's folder is gone (it is ending): nobody to tell
+        pass
+
+
+class _InitHook:
+    """A sys.meta_path finder that does nothing but, when torch.distributed.distributed_c10d is first imported,
+    wrap its init_process_group (before torch.distributed re-exports it) so that the first call notes the
+    arrival. It steps aside at once (removed from sys.meta_path) and leaves every other import alone."""
+    TARGET = "torch.distributed.distributed_c10d"
+
+    def __init__(self, arrived: Any) -> None:
+        self.arrived = arrived
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != self.TARGET:
+            return None
+        import importlib.util
+
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)  # the other finders' spec, whose loader gets one extra step
+        loader = getattr(spec, "loader", None)
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None:
+            return spec
+        arrived = self.arrived
+
+        def exec_and_wrap(module: Any) -> None:
+            exec_module(module)
+            _wrap_init(module, arrived)
+
+        loader.exec_module = exec_and_wrap
+        return spec
+
+
+def _wrap_init(module: Any, arrived: Any) -> None:
+    import functools
+
+    original = getattr(module, "init_process_group", None)
+    if not callable(original):
+        return
+    done = []
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        if not done:
+            done.append(True)
+            arrived()
+        return original(*args, **kwargs)
+
+    module.init_process_group = init_process_group
+
+
+def _note_arrivals(settings: Any) -> None:
+    """With the launcher's ACCELERATE_C_ARRIVAL_DIR: note `<restart>-<local rank>.started` (rank, group rank, pid)
+    now and `.arrived` at the first call of init_process_group (commands/arrivals.py reads them)."""
+    folder = settings.get("ARRIVAL_DIR")
+    restart, local = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"), os.environ.get("LOCAL_RANK", "")
+    if not folder or not restart.isdigit() or not local.isdigit():
+        return
+    base = os.path.join(folder, f"{restart}-{local}")
+    _note(base + ".started", f"rank={os.environ.get('RANK', '')} group_rank={os.environ.get('GROUP_RANK', '')} "
+                             f"pid={os.getpid()}")
+    arrived = lambda: _note(base + ".arrived", f"pid={os.getpid()}")  # noqa: E731
+    c10d = sys.modules.get(_InitHook.TARGET)
+    if c10d is not None:  # torch.distributed already imported (a sitecustomize): wrap it where it is
+        _wrap_init(c10d, arrived)
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None:
+            dist.init_process_group = c10d.init_process_group
+    else:
+        sys.meta_path.insert(0, _InitHook(arrived))
+
+
 def main() -> None:
-    _die_with_launcher()
+    settings = _settings()
+    _die_with_launcher(settings)
+    _note_arrivals(settings)
     argv = sys.argv[1:]
     if not argv:
         sys.exit("usage: _bootstrap.py (SCRIPT | -m MODULE) [ARGS...]")

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
 import re
@@ -18,8 +17,12 @@ from typing import Any
 import yaml
 
 from ..base import settings
+from . import yaml_safe
 from .config_blocks import BLOCKS as _BASE_BLOCKS, DynamoConfig, FP8Config, env_str as _env_str, setting as _opt
 from .config_sharding import DeepSpeedBlock, FSDPBlock
+# (ARG_TYPES, ConfigError, parse_answer, parse_rdzv_conf, _parse_bool: re-exported for the commands)
+from .config_values import (ARG_TYPES, MAX_MACHINES, MAX_PROCESSES, MAX_RESTARTS, MAX_THREADS, OVERSUBSCRIBE_FACTOR,
+                            ConfigError, _build, _check, _default, _parse_bool, parse_answer, parse_rdzv_conf)
 
 BLOCKS = {**_BASE_BLOCKS, "fsdp_config": FSDPBlock, "deepspeed_config": DeepSpeedBlock}
 
@@ -29,10 +32,6 @@ DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "
                      "MULTI_XPU", "DEEPSPEED", "FSDP", "XLA", "MEGATRON_LM", "MULTI_HPU", "MULTI_NEURON")
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
 CONFIG_ENV = settings.var("CONFIG")  # the launcher's resolved config, as JSON, in every rank
-
-
-class ConfigError(ValueError):
-    """A bad config key or value; the message names the key and what is allowed."""
 
 
 @dataclass
@@ -56,18 +55,20 @@ class ClusterConfig:
                          question="Run on CPU only")
     debug: bool = _opt(False, "bool", "check distributed operations for errors", env="ACCELERATE_DEBUG_MODE",
                        flag="--debug", question="Check distributed operations for errors (debug mode)")
-    num_processes: int = _opt(1, "int", "total number of processes over all machines",
-                              flag="--num_processes", question="Total number of processes (all machines)")
-    machine_rank: int = _opt(0, "int", "rank of this machine", flag="--machine_rank",
-                             question="Rank of this machine")
+    num_processes: int = _opt(1, "int", "total number of processes over all machines (a launch also checks "
+                              "local processes x threads per process <= 16 x the cores, see --allow_oversubscribe)",
+                              flag="--num_processes", question="Total number of processes (all machines)",
+                              bounds=(1, MAX_PROCESSES))
+    machine_rank: int = _opt(0, "int", "rank of this machine (0..num_machines - 1)", flag="--machine_rank",
+                             question="Rank of this machine", bounds=(0, MAX_MACHINES - 1))
     num_machines: int = _opt(1, "int", "number of machines", flag="--num_machines",
-                             question="Number of machines")
+                             question="Number of machines", bounds=(1, MAX_MACHINES))
     gpu_ids: str | None = _opt(None, "str", "comma-separated GPU ids to use, or 'all'", flag="--gpu_ids")
     main_process_ip: str | None = _opt(None, "str", "address of the machine with rank 0",
                                        flag="--main_process_ip", question="Main process IP")
     main_process_port: int | None = _opt(None, "int", "port on the main machine (0 = pick a free one; "
                                          "one machine only)", flag="--main_process_port",
-                                         question="Main process port")
+                                         question="Main process port", bounds=(0, 65535))
     rdzv_backend: str = _opt("static", "str", "rendezvous backend for several machines",
                              choices=("static", "c10d"), flag="--rdzv_backend")
     same_network: bool = _opt(False, "bool", "machines share a local network (accepted; the rendezvous on the "
@@ -96,25 +97,33 @@ class ClusterConfig:
     gradient_accumulation_steps: int | None = _opt(None, "int", "gradient accumulation steps",
                                                    env="ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
                                                    flag="--gradient_accumulation_steps", ext=True,
-                                                   question="Gradient accumulation steps")
+                                                   question="Gradient accumulation steps", bounds=(1, None))
     gradient_clipping: float | None = _opt(None, "float", "DeepSpeed's gradient clipping value, passed on as "
                                            "ACCELERATE_GRADIENT_CLIPPING (as in HF it acts with distributed_type "
                                            "DEEPSPEED only; elsewhere call accelerator.clip_grad_norm_)",
-                                           env="ACCELERATE_GRADIENT_CLIPPING", flag="--gradient_clipping", ext=True)
+                                           env="ACCELERATE_GRADIENT_CLIPPING", flag="--gradient_clipping", ext=True,
+                                           bounds=(0, None))
     num_cpu_threads_per_process: int | None = _opt(None, "int", "CPU threads per rank (OMP_NUM_THREADS; default: "
                                                    "the variable when set, else cores / local processes)",
                                                    env="OMP_NUM_THREADS", flag="--num_cpu_threads_per_process",
-                                                   ext=True)
+                                                   ext=True, bounds=(1, MAX_THREADS))
     max_restarts: int = _opt(0, "int", "restarts of the whole local group after a failure",
-                             flag="--max_restarts", ext=True)
+                             flag="--max_restarts", ext=True, bounds=(0, MAX_RESTARTS))
     monitor_interval: float = _opt(0.1, "float", "seconds between health checks of the ranks",
-                                   flag="--monitor_interval", ext=True)
+                                   flag="--monitor_interval", ext=True, bounds=(0.01, 3600))
     rdzv_conf: str | None = _opt(None, "str", "more rendezvous settings, 'key=value,key2=value2' (torch's "
                                  "rendezvous configs, e.g. join_timeout=600)", flag="--rdzv_conf", ext=True)
     tee: str = _opt("0", "str", "copy the ranks' streams into log files too: 0 none, 1 stdout, 2 stderr, 3 both, "
                     "or per rank '0:3,1:1' (torch's --tee)", flag="--tee", aliases=("-t",), ext=True)
     log_dir: str | None = _opt(None, "str", "directory for torch elastic's per-rank log and error files (kept; "
                                "default: a temporary one, removed at exit)", flag="--log_dir", ext=True)
+    allow_oversubscribe: bool = _opt(False, "bool", "launch even when this machine's processes x threads per "
+                                     f"process exceed {OVERSUBSCRIBE_FACTOR} x its cores (otherwise an error)",
+                                     flag="--allow_oversubscribe", ext=True)
+    startup_report_interval: float = _opt(60.0, "float", "seconds: the launcher names the ranks that have not "
+                                          "called init_process_group this long after the first rank of the machine "
+                                          "did, and again every as many seconds (0 = off; 1..86400)",
+                                          flag="--startup_report_interval", ext=True, bounds=(0, 86400))
 
     def __post_init__(self) -> None:
         validate(self)
@@ -173,112 +182,30 @@ class ClusterConfig:
         return out
 
 
-def _default(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
-
-
-def _allowed(f: dataclasses.Field) -> str:
-    meta = f.metadata
-    if meta["choices"]:
-        return "one of " + ", ".join(repr(c) for c in meta["choices"])
-    kind = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
-            "dict": "a mapping", "list": "a list", "scalar": "a string, number or boolean"}[meta["kind"]]
-    return kind + (" or null" if _default(f) is None else "")
-
-
-def _check(f: dataclasses.Field, value: Any, prefix: str = "") -> Any:
-    """Return `value` converted to the field's kind, or raise ConfigError naming key and allowed values."""
-    kind, choices = f.metadata["kind"], f.metadata["choices"]
-    if f.metadata["norm"] and isinstance(value, str):
-        value = f.metadata["norm"](value)
-    if value is None and (_default(f) is None or kind in ("dict", "list")):
-        return _default(f)
-    ok = False
-    if kind == "bool":
-        ok = isinstance(value, bool)
-    elif kind == "int":
-        ok = isinstance(value, int) and not isinstance(value, bool) and (not choices or value in choices)
-    elif kind == "scalar":  # a name or a boolean/number (fsdp_reshard_after_forward: true | FULL_SHARD)
-        ok = isinstance(value, (str, bool, int, float))
-    elif kind == "float":
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif kind == "str":
-        if value is False and choices:  # YAML 1.1 reads an unquoted `no`/`NO` as false
-            value = next((c for c in choices if c.lower() == "no"), value)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and not choices:
-            value = str(value)  # e.g. `gpu_ids: 0`
-        ok = isinstance(value, str) and (not choices or value in choices)
-    elif kind == "dict":
-        ok = isinstance(value, dict)
-    elif kind == "list":
-        ok = isinstance(value, (list, tuple))
-        value = list(value) if ok else value
-    if not ok:
-        raise ConfigError(f"config key `{prefix}{f.name}`: got {value!r}; allowed: {_allowed(f)}")
-    return value
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(f"config{' ' + prefix if prefix else ''} must be a mapping of keys to values, "
-                          f"got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        near = [m for k in unknown for m in difflib.get_close_matches(k, fields, n=1)]
-        hint = f" (did you mean {', '.join(prefix + m for m in near)}?)" if near else ""
-        raise ConfigError(f"unknown config key(s) {', '.join(prefix + k for k in unknown)}{hint}; allowed keys: "
-                          f"{', '.join(prefix + k for k in fields)}")
-    obj = cls.__new__(cls)
-    for name, f in fields.items():
-        object.__setattr__(obj, name, _check(f, data[name], prefix) if name in data else _default(f))
-    return obj
-
-
 def validate(cfg: ClusterConfig) -> None:
     """Type/choice checks of every field, fp8_config keys, and the cross-field rules."""
     for f in dataclasses.fields(cfg):
         object.__setattr__(cfg, f.name, _check(f, getattr(cfg, f.name)))
     for key in BLOCKS:
         cfg.block(key)
-    for key in ("num_processes", "num_machines"):
-        if getattr(cfg, key) < 1:
-            raise ConfigError(f"config key `{key}`: got {getattr(cfg, key)}; allowed: an integer >= 1")
     if not 0 <= cfg.machine_rank < cfg.num_machines:
         raise ConfigError(f"config key `machine_rank`: got {cfg.machine_rank}; allowed: 0..{cfg.num_machines - 1}")
     if cfg.num_processes % cfg.num_machines:
         raise ConfigError(f"config key `num_processes`: {cfg.num_processes} processes cannot be split evenly "
                           f"over num_machines={cfg.num_machines}; allowed: a multiple of num_machines")
-    if cfg.gradient_accumulation_steps is not None and cfg.gradient_accumulation_steps < 1:
-        raise ConfigError("config key `gradient_accumulation_steps`: allowed: an integer >= 1")
-    if cfg.main_process_port is not None and not 0 <= cfg.main_process_port < 65536:
-        raise ConfigError(f"config key `main_process_port`: got {cfg.main_process_port}; allowed: 0..65535")
-    if cfg.num_cpu_threads_per_process is not None and cfg.num_cpu_threads_per_process < 1:
-        raise ConfigError(f"config key `num_cpu_threads_per_process`: got {cfg.num_cpu_threads_per_process}; "
-                          "allowed: an integer >= 1")
+    if 0 < cfg.startup_report_interval < 1:
+        raise ConfigError(f"config key `startup_report_interval`: got {cfg.startup_report_interval}; allowed: 0 (off) "
+                          "or a number of seconds in 1..86_400")
     if not re.fullmatch(r"[0-3]|\d+:[0-3](,\d+:[0-3])*", cfg.tee):
         raise ConfigError(f"config key `tee`: got {cfg.tee!r}; allowed: 0, 1, 2, 3 (none, stdout, stderr, both) or "
                           "per local rank 'rank:0-3,...' such as '0:3,1:1'")
     parse_rdzv_conf(cfg.rdzv_conf)
 
 
-def parse_rdzv_conf(text: str | None) -> dict[str, str]:
-    """'k=v,k2=v2' -> {'k': 'v', 'k2': 'v2'} (torch's --rdzv_conf form); ConfigError naming a bad item."""
-    out: dict[str, str] = {}
-    for item in (text or "").split(","):
-        if not item.strip():
-            continue
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"config key `rdzv_conf`: bad item {item!r} in {text!r}; allowed: "
-                              "'key=value' items separated by commas")
-        out[key.strip()] = value.strip()
-    return out
-
-
 def from_dict(data: dict[str, Any]) -> ClusterConfig:
     """Build and validate a config from a file's mapping (HF's legacy keys are migrated like HF does)."""
+    if not isinstance(data or {}, dict):
+        raise ConfigError(f"config must be a mapping of keys to values, got {type(data).__name__}")
     data = dict(data or {})
     if "fp16" in data:  # HF legacy: `fp16: true` -> mixed_precision
         fp16 = data.pop("fp16")
@@ -329,10 +256,11 @@ def find_default_config() -> str | None:
 def load_config(path: str | None = None) -> ClusterConfig:
     """Read a YAML or JSON config (ours or HF's). ConfigError on bad content, FileNotFoundError if absent."""
     path = path or default_config_file()
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    try:
-        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    try:  # bounded: size, nesting, YAML aliases (yaml_safe.py)
+        text = yaml_safe.read_text(path)
+        data = yaml_safe.load_json(text, path) if path.endswith(".json") else yaml_safe.load_yaml(text, path)
+    except yaml_safe.LimitError as exc:
+        raise ConfigError(str(exc)) from None
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: not valid {'JSON' if path.endswith('.json') else 'YAML'}: {exc}") from None
     try:
@@ -355,25 +283,3 @@ def save_config(cfg: ClusterConfig, path: str | None = None) -> str:
             yaml.safe_dump(data, fh, sort_keys=True)
     os.replace(tmp, path)
     return path
-
-
-def _parse_bool(text: str) -> bool:
-    low = text.strip().lower()
-    if low in ("1", "true", "yes", "y", "on"):
-        return True
-    if low in ("0", "false", "no", "n", "off"):
-        return False
-    raise ValueError(f"not a boolean: {text!r}")
-
-
-ARG_TYPES = {"int": int, "float": float, "str": str, "scalar": str}  # a field's kind -> the type of its flag's value
-
-
-def parse_answer(f: dataclasses.Field, text: str) -> Any:
-    """Turn a typed answer into the field's kind (for the interactive `config`); ConfigError if bad."""
-    kind = f.metadata["kind"]
-    try:
-        value: Any = _parse_bool(text) if kind == "bool" else ARG_TYPES[kind](text.strip())
-    except (ValueError, KeyError):
-        raise ConfigError(f"config key `{f.name}`: got {text!r}; allowed: {_allowed(f)}") from None
-    return _check(f, value)

@@ -20,14 +20,16 @@ def env_str(value: Any) -> str:
 
 def setting(default: Any, kind: str, help: str, *, choices: tuple | None = None, env: str | None = None,
             flag: str | None = None, ext: bool = False, question: str | None = None, aliases: tuple = (),
-            switches: dict | None = None, norm: Callable[[str], str] | None = None) -> Any:
+            switches: dict | None = None, norm: Callable[[str], str] | None = None,
+            bounds: tuple | None = None) -> Any:
     """One setting. kind: int|float|str|bool|dict|list; flag: the `launch` option (None = no flag; its
     hyphenated spelling is accepted too); aliases: more option strings (e.g. '-t'); switches: flags that
     store a fixed value ({'--multi_gpu': ('MULTI_GPU', help)}); env: the variable the ranks receive; ext: an
     accelerate_c key, written only when not default; question: asked by the interactive `config`;
-    norm: applied to a string value before it is checked (e.g. str.upper)."""
+    norm: applied to a string value before it is checked (e.g. str.upper); bounds: (low, high) of an int or
+    float, inclusive, either None for unbounded (every float must be finite, bounded or not)."""
     meta = dict(kind=kind, help=help, choices=choices, env=env, flag=flag, ext=ext, question=question,
-                aliases=aliases, switches=switches or {}, norm=norm)
+                aliases=aliases, switches=switches or {}, norm=norm, bounds=bounds)
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -77,11 +79,11 @@ class FP8Config(_Block):
     backend: str | None = setting(None, "str", "FP8 backend (HF: TE|MSAMP|AO); accelerate_c uses its own",
                                   choices=("TE", "MSAMP", "AO", "te", "msamp", "ao"))
     fp8_format: str = setting("HYBRID", "str", "FP8 recipe format", choices=("E4M3", "HYBRID", "E5M2"))
-    amax_history_len: int = setting(1024, "int", "length of the amax history for scaling")
+    amax_history_len: int = setting(1024, "int", "length of the amax history for scaling", bounds=(1, 1_000_000))
     amax_compute_algo: str = setting("most_recent", "str", "how the scale is derived from the amax history",
                                      choices=("max", "most_recent"))
-    margin: int = setting(0, "int", "margin (power of two) for the fp8 scale")
-    interval: int = setting(1, "int", "how often (steps) the scale is recomputed")
+    margin: int = setting(0, "int", "margin (power of two) for the fp8 scale", bounds=(-64, 64))
+    interval: int = setting(1, "int", "how often (steps) the scale is recomputed", bounds=(1, None))
     override_linear_precision: Any = setting(None, "list", "(fprop, dgrad, wgrad) in higher precision")
     use_autocast_during_eval: bool = setting(False, "bool", "keep fp8 autocast during eval")
     opt_level: str | None = setting(None, "str", "MS-AMP optimisation level", choices=("O1", "O2"))

@@ -10,7 +10,8 @@ import copy
 import dataclasses
 from typing import Any
 
-from .config_args import ARG_TYPES, BLOCKS, ClusterConfig
+from .config_args import BLOCKS, ClusterConfig
+from .config_values import ARG_TYPES
 
 
 def spellings(flag: str) -> list[str]:
@@ -70,7 +71,7 @@ def add_config_flags(parser: Any) -> None:
 
 
 def _bool_arg(text: str) -> bool:
-    from .config_args import _parse_bool
+    from .config_values import _parse_bool
     try:
         return _parse_bool(text)
     except ValueError:

@@ -29,7 +29,8 @@ class FSDPBlock(_Block):
     reshard_after_forward: Any = setting("true", "scalar", "FSDP2: true (ZeRO-3) | false (ZeRO-2); FSDP1: a "
                                          "sharding strategy name")
     offload_params: bool = setting(False, "bool", "offload parameters and gradients to CPU (a no-op on CPU runs)")
-    min_num_params: int = setting(100_000_000, "int", "size_based_wrap: the smallest unit, in parameters")
+    min_num_params: int = setting(100_000_000, "int", "size_based_wrap: the smallest unit, in parameters",
+                                  bounds=(0, None))
     auto_wrap_policy: str | None = setting(None, "str", "TRANSFORMER_BASED_WRAP | SIZE_BASED_WRAP | NO_WRAP",
                                            norm=str.upper)
     transformer_layer_cls_to_wrap: str | None = setting(None, "str", "transformer_based_wrap: comma-separated "
@@ -88,8 +89,10 @@ class DeepSpeedBlock(_Block):
     zero3_init_flag: bool | None = setting(None, "bool", "ZeRO-3: build the model shard by shard")
     zero3_save_16bit_model: bool | None = setting(None, "bool", "ZeRO-3: save the model gathered in 16 bit")
     deepspeed_moe_layer_cls_names: str | None = setting(None, "str", "MoE leaf classes (refused: not supported)")
-    gradient_accumulation_steps: int | None = setting(None, "int", "GA steps (file key; the flag is top-level)")
-    gradient_clipping: float | None = setting(None, "float", "clip value (file key; the flag is top-level)")
+    gradient_accumulation_steps: int | None = setting(None, "int", "GA steps (file key; the flag is top-level)",
+                                                      bounds=(1, None))
+    gradient_clipping: float | None = setting(None, "float", "clip value (file key; the flag is top-level)",
+                                                bounds=(0, None))
     deepspeed_multinode_launcher: str | None = setting(None, "str", "accepted, no effect: every machine runs "
                                                        "`accelerate_c launch` itself (HF's 'standard')")
 
@@ -100,7 +103,3 @@ class DeepSpeedBlock(_Block):
     def env(self) -> dict[str, str]:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return {self.env_of(k): env_str(v) for k, v in values.items() if v is not None and self.env_of(k)}
-
-    def check(self, key: str) -> None:
-        if self.gradient_accumulation_steps is not None and self.gradient_accumulation_steps < 1:
-            raise ValueError(f"config key `{key}.gradient_accumulation_steps`: allowed: an integer >= 1")

@@ -22,6 +22,8 @@ from typing import Any, Iterator
 
 from ..base import leftovers, settings
 from ..base.killpoints import kill_point
+from .arrivals import ArrivalWatch
+from .config_bounds import check_launch
 from .watchdog import FailureWatch, stopped_line
 from .config_args import ClusterConfig, ConfigError, find_default_config, load_config, parse_rdzv_conf
 from .config_flags import HelpFormatter, add_config_flags, add_flag, apply_flags
@@ -83,6 +85,7 @@ def resolve_config(args: argparse.Namespace) -> ClusterConfig:
         _warn(f"gradient_clipping={cfg.gradient_clipping} is passed to the ranks (ACCELERATE_GRADIENT_CLIPPING) but, "
               "as in HF, only DeepSpeed applies it (distributed_type DEEPSPEED / --use_deepspeed); otherwise call "
               "accelerator.clip_grad_norm_ in the script")
+    check_launch(cfg, _cores(), _warn)  # the machine's limits, ACCELERATE_C_*, FSDP/DeepSpeed as the ranks read them
     return cfg
 
 
@@ -252,6 +255,8 @@ def _launch(args: argparse.Namespace, cfg: ClusterConfig, nproc: int, rdzv: dict
     """Runs the agent; a failed rank or a signal becomes one line on stderr (and the other machines' notice)."""
     entrypoint, argv = _entry(args)
     env = rank_env(cfg, args, nproc, rdzv["run_id"])
+    arrivals = ArrivalWatch(os.path.join(log_dir, "arrivals"), nproc, cfg.startup_report_interval, cfg.machine_rank)
+    env.update(arrivals.rank_env())
 
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -273,7 +278,7 @@ def _launch(args: argparse.Namespace, cfg: ClusterConfig, nproc: int, rdzv: dict
     # during the rendezvous (a cross-machine notice, a user's SIGTERM) also ends through the lines below.
     signal.signal(signal.SIGTERM, _raise_signal_exception)
     try:
-        with _patched_environ(agent_env):
+        with _patched_environ(agent_env), arrivals:
             elastic_launch(lc, entrypoint)(*argv)
         return 0
     except ChildFailedError as exc:
