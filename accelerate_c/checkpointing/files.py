@@ -39,8 +39,8 @@ def open_regular(path: str, expected_size: Optional[int] = None) -> int:
         raise CheckpointError(f"checkpoint file {path} is missing") from None
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise CheckpointError(f"checkpoint file {path} is a symbolic link; checkpoint files are read without "
-                                  "following links") from None
+            raise CheckpointError(f"checkpoint file {path} is a symbolic link, not a regular file; checkpoint files "
+                                  "are read without following links") from None
         raise CheckpointError(f"checkpoint file {path} cannot be opened: {e.strerror}") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -59,14 +59,6 @@ def _kind(mode: int) -> str:
         if test(mode):
             return what
     return "not a regular file"
-
-
-def is_regular(path: str) -> bool:
-    """True when `path` is a regular file itself (not a link to one)."""
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
 
 
 def pread_exact(fd: int, n: int, offset: int, path: str) -> bytes:

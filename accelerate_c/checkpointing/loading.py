@@ -20,7 +20,6 @@ import logging
 import os
 import random
 import re
-import stat
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -30,10 +29,10 @@ import torch
 from . import scaling, schema, universal
 from .agreement import agree
 from .directory import input_dir_for, read_checkpoint_info
-from .files import member
+from .files import member, open_regular
 from .format import CheckpointError, check_format, read_json, read_state
 from .layout import strategy_of
-from .pieces import PieceReader, rank_file, read_rank_meta
+from .pieces import PieceReader, rank_file, rank_meta
 from .rng import rng_state, set_rng_state
 from .session import _model_of, _state_dict_or_none
 from .universal import user_model as _user_model
@@ -110,16 +109,15 @@ def _plan(accelerator: Any, input_dir: str, kwargs: dict, device: Optional[str],
     strategy = strategy_of(accelerator)
     plan = _Plan(step=meta["step"], input_dir=input_dir, strict=kwargs.get("strict", True))
     for model, name in zip(models, meta["models"]):
-        index = _read_index(input_dir, name, universal.MODEL_INDEX, schema.MODEL_INDEX, meta)
-        reader = _reader(input_dir, index, sizes, readers)
+        index, reader = _read_index(input_dir, name, universal.MODEL_INDEX, schema.MODEL_INDEX, meta, readers)
         target = accelerator.unwrap_model(model, keep_torch_compile=False)
         slices = strategy.model_slices(_user_model(model))
         universal.check_model(index, target, slices, strict=kwargs.get("strict", True))
         plan.models.append((model, target, index, reader, slices))
     _need(input_dir, "optimizer", accelerator._optimizers, meta["optimizers"])
     for opt, name in zip(accelerator._optimizers, meta["optimizers"]):
-        index = _read_index(input_dir, name, universal.OPTIMIZER_INDEX, schema.OPTIMIZER_INDEX, meta)
-        reader = _reader(input_dir, index, sizes, readers)
+        index, reader = _read_index(input_dir, name, universal.OPTIMIZER_INDEX, schema.OPTIMIZER_INDEX, meta,
+                                    readers)
         slots = strategy.optimizer_layout(opt, _model_of(accelerator, opt))
         plan.optimizers.append(universal.plan_optimizer(reader, index, opt, slots, device=device))
     _plan_small(accelerator, plan, input_dir, meta)
@@ -128,18 +126,9 @@ def _plan(accelerator: Any, input_dir: str, kwargs: dict, device: Optional[str],
 
 def _check_listed(input_dir: str, sizes: dict) -> None:
     """Every file checkpoint.json lists is there, a regular file (not a link) of the listed size."""
+    where = f"checkpoint file {os.path.join(input_dir, 'checkpoint.json')}"
     for name, size in sizes.items():
-        path = member(input_dir, name, f"checkpoint file {os.path.join(input_dir, 'checkpoint.json')}")
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            raise CheckpointError(f"checkpoint file {path} is missing (the checkpoint lists it)") from None
-        if not stat.S_ISREG(st.st_mode):
-            raise CheckpointError(f"checkpoint file {path} is not a regular file (a link, FIFO or directory in "
-                                  "its place)")
-        if st.st_size != size:
-            raise CheckpointError(f"checkpoint file {path} has {st.st_size} bytes but {size} were written "
-                                  "(truncated or replaced?)")
+        os.close(open_regular(member(input_dir, name, where), size))
 
 
 def _warn_world_change(input_dir: str, saved_world: Any, world: Any) -> None:
@@ -157,23 +146,28 @@ def _need(input_dir: str, kind: str, objs: list, names: list) -> None:
         raise CheckpointError(f"{input_dir} holds {len(names)} {kind} state(s), {len(objs)} to load")
 
 
-def _read_index(directory: str, name: str, fmt: str, spec: Any, meta: dict) -> dict:
-    """A model or optimizer index, which must be exactly what the piece files' own headers describe (rebuilt from
-    them as the save did): an index edited by hand or mixed from two checkpoints is refused."""
+def _read_index(directory: str, name: str, fmt: str, spec: Any, meta: dict,
+                readers: list) -> tuple[dict, PieceReader]:
+    """A model or optimizer index and its validated reader (pieces.py). The index must be exactly what the piece
+    files' own headers describe (rebuilt from them as the save did): an index edited by hand or mixed from two
+    checkpoints is refused. Each piece file is opened and its header parsed once (the reader keeps it open)."""
     path = member(directory, name, f"checkpoint file {os.path.join(directory, 'checkpoint.json')}", ".json")
     doc = check_format(path, read_json(path, meta["files"].get(f"{name}.json")), fmt, universal.INDEX_VERSION,
                        "tensor index")
     schema.check(doc, spec, path)
+    reader = PieceReader(directory, doc["tensors"], meta["files"])
+    readers.append(reader)
     files = [rank_file(name, r, meta["world_size"]) for r in range(meta["world_size"])]
     metas = []
     for f in files:
-        fpath = member(directory, f, f"checkpoint file {path}")
         if f not in meta["files"]:
-            raise CheckpointError(f"checkpoint file {fpath} is not listed in checkpoint.json (a rank's file)")
+            raise CheckpointError(f"checkpoint file {os.path.join(directory, f)} is not listed in checkpoint.json "
+                                  "(a rank's file)")
         try:
-            metas.append(read_rank_meta(fpath, meta["files"].get(f)))
+            metas.append(rank_meta(reader.file(f)))
         except (json.JSONDecodeError, RecursionError) as e:
-            raise CheckpointError(f"checkpoint file {fpath}: its piece description is not valid JSON: {e}") from None
+            raise CheckpointError(f"checkpoint file {os.path.join(directory, f)}: its piece description is not "
+                                  f"valid JSON: {e}") from None
     build = universal.model_index if fmt == universal.MODEL_INDEX else universal.optimizer_index
     try:
         rebuilt = json.loads(json.dumps(build(directory, files, metas)))
@@ -185,14 +179,8 @@ def _read_index(directory: str, name: str, fmt: str, spec: Any, meta: dict) -> d
     if rebuilt != doc:
         raise CheckpointError(f"checkpoint file {path} does not match the piece files' own descriptions (edited, "
                               "or mixed from two checkpoints?)")
-    return doc
-
-
-def _reader(input_dir: str, index: dict, sizes: dict, readers: list) -> PieceReader:
-    reader = PieceReader(input_dir, index["tensors"], sizes)
-    readers.append(reader)
     reader.validate()
-    return reader
+    return doc, reader
 
 
 def _run_load_hooks(accelerator: Any, input_dir: str, meta: dict) -> list:

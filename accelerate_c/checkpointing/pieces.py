@@ -110,12 +110,17 @@ def write_rank_file(path: PathLike, pieces: list[tuple[str, int, torch.Tensor, t
 def read_rank_meta(path: str, expected_size: Optional[int] = None) -> dict:
     """The JSON description a rank stored in its file's header (reads the header only)."""
     with TensorFile(path, expected_size) as f:
-        raw = f.metadata.get(META_KEY)
+        return rank_meta(f)
+
+
+def rank_meta(f: TensorFile) -> dict:
+    """The JSON description a rank stored in the header of the opened file `f`."""
+    raw = f.metadata.get(META_KEY)
     if raw is None:
-        raise CheckpointError(f"checkpoint file {path} has no accelerate_c piece description")
+        raise CheckpointError(f"checkpoint file {f.path} has no accelerate_c piece description")
     doc = json.loads(raw)
     if not isinstance(doc, dict):
-        raise CheckpointError(f"checkpoint file {path}: its piece description is not a JSON object")
+        raise CheckpointError(f"checkpoint file {f.path}: its piece description is not a JSON object")
     return doc
 
 
