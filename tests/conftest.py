@@ -4,6 +4,7 @@
 # every process's output).
 # Not for: test logic.
 import atexit
+import fcntl
 import importlib
 import os
 import shutil
@@ -66,6 +67,46 @@ def _restore_plugin_env():
         if k not in before:
             del os.environ[k]
     os.environ.update(before)
+
+
+_RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # the same in every worker of one pytest run
+_LOCK_WAIT_S = 900
+
+
+def _run_lock(factory, name: str):
+    """A file in the folder the workers' temp folders share (pytest-of-<user>/pytest-<n>, pruned by pytest)."""
+    return open(os.path.join(str(factory.getbasetemp().parent), f"accelerate_c_tests_{_RUN_ID}.{name}"), "a")
+
+
+def _flock(fh, op: int, what: str) -> None:
+    deadline = time.monotonic() + _LOCK_WAIT_S
+    while True:
+        try:
+            return fcntl.flock(fh, op | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"waited {_LOCK_WAIT_S} s for the {what} lock of the test run") from None
+            time.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+def _exclusive_tests(request, tmp_path_factory):
+    """Under pytest-xdist a test marked `exclusive` runs alone: every test holds a shared lock, an exclusive
+    one the exclusive lock. A turnstile taken first keeps a waiting exclusive test from starving."""
+    if not _RUN_ID:
+        yield
+        return
+    exclusive = request.node.get_closest_marker("exclusive") is not None
+    with _run_lock(tmp_path_factory, "turnstile") as turn, _run_lock(tmp_path_factory, "main") as main:
+        _flock(turn, fcntl.LOCK_EX, "turnstile")
+        try:
+            _flock(main, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, "exclusive" if exclusive else "shared")
+        finally:
+            fcntl.flock(turn, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(main, fcntl.LOCK_UN)
 
 
 @pytest.fixture
