@@ -2,6 +2,7 @@
 # step()/zero_grad() are no-ops while gradients accumulate (sync_gradients False); a synchronising step is
 # the strategy's (Strategy.step(optimizer, precision, closure): fused C kernels or the optimizer's own step,
 # loss-scale unscale/skip through the precision object); the user's optimizer state stays torch's.
+# The first step hands the heap's freed pages back to the system (runtime/memory.py), as prepare() does.
 # Not for: deciding how to step (strategies/base.py) or the kernels themselves (accelerate_c/optim/).
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from .runtime.memory import give_back_freed_memory
 from .runtime.state import GradientState
 
 
@@ -31,6 +33,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.gradient_state = GradientState()
         self.device_placement = device_placement
         self._is_overflow = False
+        self._stepped = False
         if device_placement and device is not None and device.type != "cpu":
             from .runtime.operations import send_to_device
             self.optimizer.load_state_dict(send_to_device(self.optimizer.state_dict(), device))
@@ -94,6 +97,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if not self.gradient_state.sync_gradients:
             return
         self._is_overflow = self.strategy.step(self.optimizer, self.precision, closure)
+        if not getattr(self, "_stepped", True):  # the first step's temporaries (e.g. state moved into shm) are freed
+            self._stepped = True
+            give_back_freed_memory()
 
     def train(self) -> None:
         if callable(getattr(self.optimizer, "train", None)):

@@ -5,6 +5,7 @@
 
 #include "bind_util.h"
 #include "cpu.h"
+#include "heap.h"
 #include "options.h"
 #include "tensor.h"
 
@@ -98,6 +99,15 @@ static PyObject *core_has_exchange_api(PyObject *module, PyObject *unused) {
     return PyBool_FromLong(acc_get_state(module)->exchange_api != NULL);
 }
 
+static PyObject *core_heap_trim(PyObject *module, PyObject *unused) {
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+    r = acc_heap_trim();
+    Py_END_ALLOW_THREADS
+    if (r < 0) Py_RETURN_NONE;
+    return PyBool_FromLong(r);
+}
+
 PyMethodDef acc_core_methods[] = {
     {"simd_level", (PyCFunction)(void (*)(void))core_simd_level, METH_FASTCALL,
      "simd_level($module, level=None, /)\n--\n\nGet (or lower) the SIMD level kernels use: scalar, avx2, avx512."},
@@ -115,6 +125,9 @@ PyMethodDef acc_core_methods[] = {
      "tensor_info($module, t, /)\n--\n\n(data_ptr, dtype, numel, contiguous, device_type) as seen through DLPack."},
     {"has_exchange_api", core_has_exchange_api, METH_NOARGS,
      "has_exchange_api($module, /)\n--\n\nTrue once torch's DLPack C exchange table has been found and cached."},
+    {"heap_trim", core_heap_trim, METH_NOARGS,
+     "heap_trim($module, /)\n--\n\nReturns the C heap's free pages to the system (glibc malloc_trim): True when some\n"
+     "were released, False when none, None where the C library has no such call."},
     {NULL, NULL, 0, NULL},
 };
 

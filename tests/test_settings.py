@@ -141,7 +141,8 @@ def _good(s: settings.Setting) -> list[tuple[str, object]]:
         vals = [low, low + 1, int(s.high) if s.high is not None else low + 10_000]
         return [(str(v), v) for v in vals] + [(f" {low} ", low)]
     if s.kind == "float":
-        return [("0", 0.0), ("0.5", 0.5), ("16", 16.0), ("1e3", 1000.0)]
+        vals = [("0", 0.0), ("0.5", 0.5), ("16", 16.0), ("1e3", 1000.0)] + ([(repr(s.low), s.low)] if s.low else [])
+        return [(r, v) for r, v in vals if (s.low is None or v >= s.low) and (s.high is None or v <= s.high)]
     return [("box-7", "box-7"), (" spaced ", " spaced ")]
 
 

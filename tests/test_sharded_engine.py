@@ -74,6 +74,10 @@ CASES = [  # model, face, stage, nproc, extra args
 ]
 
 
+TINY_WINDOWS = {"ACCELERATE_C_SHARD_STAGING_MB": "0.001"}
+WINDOWED = {"bn-ds-z2-n3", "gpt2-fsdp-z3-n3-ac", "mlp-fsdp-z3-n2-bf16"}
+
+
 def _id(case: tuple) -> str:
     flags = "".join(f"-{a[2:]}" for a in case[4] if a in ("--bf16", "--no_reshard", "--two_opt", "--ac"))
     return f"{case[0]}-{case[1]}-z{case[2]}-n{case[3]}{flags}"
@@ -81,7 +85,9 @@ def _id(case: tuple) -> str:
 
 @pytest.mark.parametrize("model,face,stage,nproc,extra", CASES, ids=[_id(c) for c in CASES])
 def test_stage_trains_like_one_process(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra):
-    run_case(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra, _ref_args)
+    # some cases with staging windows of ~1 KiB: every unit is reduce-scattered in many pieces (placement.py)
+    env = TINY_WINDOWS if _id((model, face, stage, nproc, extra)) in WINDOWED else None
+    run_case(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra, _ref_args, env)
 
 
 def run_case(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra, ref_args, env=None) -> None:
@@ -119,7 +125,7 @@ def test_hybrid_shard_across_hosts(run, tmp_path, tmp_path_factory, extra):
     args = ["--model", "gpt2", "--global_batch", "16"] + extra
     ref = _reference(run, tmp_path_factory, _ref_args(args), 4)
     got, port = tmp_path / "got", str(free_port())
-    env = clean_env(ACCELERATE_C_RDZV_TIMEOUT="60")
+    env = clean_env(ACCELERATE_C_RDZV_TIMEOUT="60", **(TINY_WINDOWS if "--bf16" in extra else {}))  # (windows: above)
     jobs = [Job([sys.executable, "-m", "accelerate_c", "launch", "-q", "--cpu", "--num_processes", "4",
                  "--num_machines", "2", "--machine_rank", m, "--main_process_ip", "127.0.0.1", "--main_process_port",
                  port, os.path.join(SCRIPTS, "sharded_train.py"), *args, "--face", "fsdp", "--stage", "3",

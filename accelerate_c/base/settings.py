@@ -176,6 +176,9 @@ TABLE: tuple[Setting, ...] = (
        "split step off)", "ddp/config.py (StrategyConfig.fused_optimizer)"),
     _S("SHARD_KERNELS", "bool", True, "the sharded engine's C copy-in and fused compute-copy write (0: torch "
        "copies and a separate cast after the step)", "sharding/pack.py (kernels_enabled, at every call)"),
+    _S("SHARD_STAGING_MB", "float", 8.0, "MiB of each of the sharded engine's two gradient staging windows (a "
+       "unit larger than one is reduce-scattered in pieces)", "sharding/config.py (ShardedConfig.staging_mb)",
+       low=1 / 1024, high=1 << 20),
     _S("OUTPUT_CACHE_MB", "float", 256.0, "MiB of free blocks kept for the large CPU tensors collectives return "
        "(0 turns the cache off)", "comm/outbuf.py (limit_bytes, read once)", low=0, high=1 << 20),
     _S("HOST_ID", "str", None, "this process's host identity: ranks with the same id share memory; unset: the "

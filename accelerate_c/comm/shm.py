@@ -309,6 +309,37 @@ class ShmGroup:
                         for q in range(self.size)]
         raise ValueError("ShmGroup.parts: the tensor does not lie in this rank's part of a region from alloc()")
 
+    def discard(self, t: torch.Tensor) -> int:
+        """Gives back to the system the whole pages of a slice `t` of this rank's part of an alloc() region (they
+        read as zeros afterwards and take memory again only when written). Local, no collective: the caller knows
+        nobody needs the values. Returns the bytes released."""
+        ptr, nbytes = t.data_ptr(), t.numel() * t.element_size()
+        for mm, whole, part in self._regions:
+            off = ptr - whole.data_ptr()
+            if self.rank * part <= off and off + nbytes <= (self.rank + 1) * part:
+                a = -(-off // _PAGE) * _PAGE
+                b = (off + nbytes) // _PAGE * _PAGE
+                if b > a:
+                    mm.madvise(mmap.MADV_REMOVE, a, b - a)
+                return max(0, b - a)
+        raise ValueError("ShmGroup.discard: the tensor does not lie in this rank's part of a region from alloc()")
+
+    def unmap_peers(self, t: torch.Tensor) -> None:
+        """Drops from this process's page tables the pages of the peers' copies of `t` (a slice of this rank's part
+        of an alloc() region) that reading them mapped here; their values stay (the peers own them), the next read
+        maps them again. Local, no collective."""
+        ptr, nbytes = t.data_ptr(), t.numel() * t.element_size()
+        for mm, whole, part in self._regions:
+            off = ptr - whole.data_ptr() - self.rank * part
+            if 0 <= off and off + nbytes <= part:
+                for q in range(self.size):
+                    a = -(-(q * part + off) // _PAGE) * _PAGE
+                    b = (q * part + off + nbytes) // _PAGE * _PAGE
+                    if q != self.rank and b > a:
+                        mm.madvise(mmap.MADV_DONTNEED, a, b - a)
+                return
+        raise ValueError("ShmGroup.unmap_peers: the tensor does not lie in this rank's part of a region from alloc()")
+
     def host_group(self) -> "ShmGroup":
         """The shared-memory group of this host's ranks: this group."""
         return self

@@ -1,12 +1,14 @@
 # accelerate_c/ddp/split_step.py: the optimizer step of data parallelism split between the ranks
 # of one host (ZeRO-1 inside DDP, invisible to the user). Every rank keeps its own full copy of the
-# parameters and of the optimizer state, as in torch DDP, but they live in shared-memory regions (each
-# rank its own part, at the same offset). Gradients are already averaged and identical on every rank, so
+# parameters, as in torch DDP, and its slice of the optimizer state, in shared-memory regions (each rank
+# its own part, at the same offset; the pages of a part outside the rank's slice are never written by the
+# step, so they take no memory). Gradients are already averaged and identical on every rank, so
 # instead of N ranks repeating the same update, rank r updates only its slice [lo_r, hi_r) of the flat
 # parameter space (params and state) and then writes its updated params into every peer's part:
 #     barrier A (nobody still reads params) -> step own slice -> push own param slice to peers -> barrier B
 # Each rank's state is current only in its own slice; optimizer.state_dict() (a torch pre-hook) first
-# copies the peers' slices from their parts (no collective: peers only write state between A and B).
+# copies the peers' slices from their parts (no collective: peers only write state between A and B), and
+# the next split step gives those pages back (ShmGroup.discard).
 # The update is elementwise, so results are bitwise those of the unsplit step.
 # Only while gradients, params and state are identical on every rank: the first step after a backward
 # under no_sync (per-rank gradients, e.g. local SGD) turns the split off for good.
@@ -133,6 +135,8 @@ class SplitStep:
         # id(param) -> (its data_ptr, grad, state tensors, (a, b), sliced views); holding the tensors keeps
         # their ids from being reused while cached, so `is` tells a replaced tensor (e.g. after a reload).
         self._cache: dict = {}
+        self._whole = False  # a refresh wrote the peers' slices into our parts (memory the step does not need)
+        self._others: Optional[list[torch.Tensor]] = None  # the slices of our parts outside our own ranges
 
     def local_range(self, p: torch.Tensor) -> Optional[tuple[int, int]]:
         """This rank's element range [a, b) inside `p`, or None when p is not split (not ours, or no longer
@@ -158,7 +162,7 @@ class SplitStep:
 
     def adopt(self, optimizer: torch.optim.Optimizer, p: torch.Tensor) -> bool:
         """Moves p's state tensors into their slots (a fresh state, or one torch's load_state_dict replaced);
-        every rank holds the full state at that moment, so each copies its own. False when the state holds
+        every rank holds the full state at that moment, so each copies its own slice. False when the state holds
         a tensor we have no slot for, or of another dtype (then p is stepped whole on every rank)."""
         state = optimizer.state.get(p)
         if not state:
@@ -169,15 +173,18 @@ class SplitStep:
             k = self.keys.index(key) if key in self.keys else -1
             if k < 0 or (k, id(p)) not in self.slots or self.slots[(k, id(p))][0] != t.dtype:
                 return False
+        a, b = self.cuts[id(p)][self.shards.rank]
         for k, key in enumerate(self.keys):
             t = state.get(key)
             if t is None:
                 continue
             slot = self._slot(k, p)
-            slot = slot.view_as(p) if slot.numel() == p.numel() and not key.endswith("_absmax") else slot
             if t.data_ptr() != slot.data_ptr():
-                slot.copy_(t.reshape(slot.shape))
-                state[key] = slot
+                lo, hi = self._range(k, a, b)
+                if hi > lo:  # only our slice: the rest of the slot stays unwritten (no memory), the peers hold it
+                    slot[lo:hi].copy_(t.reshape(-1)[lo:hi])
+                state[key] = slot.view_as(p) if slot.numel() == p.numel() and not key.endswith("_absmax") else slot
+                self.stale = True
         return True
 
     def slice_lists(self, optimizer: torch.optim.Optimizer, params: list, grads: list, state_lists: dict,
@@ -248,6 +255,29 @@ class SplitStep:
                         if q != self.shards.rank and hi > lo:
                             self._slot(k, p, lo, hi).copy_(self._slot(k, p, lo, hi, q))
         self.stale = False
+        self._whole = True
+
+    def _discard_peer_slices(self) -> None:
+        """The pages of our parts that only hold peers' slices (written by a refresh) back to the system: the split
+        step reads and writes only our slice, and the next refresh reads the peers' again."""
+        if self._others is None:
+            own: dict[torch.dtype, list[tuple[int, int]]] = {dt: [] for dt in self.flats}
+            for (k, pid), (dt, start, _n) in self.slots.items():
+                lo, hi = self._range(k, *self.cuts[pid][self.shards.rank])
+                if hi > lo:
+                    own[dt].append((start + lo, start + hi))
+            self._others = []
+            for dt, ranges in own.items():
+                end = 0
+                for lo, hi in sorted(ranges) + [(self.flats[dt].numel(), self.flats[dt].numel())]:
+                    if lo > end:
+                        self._others.append(self.flats[dt][end:lo])
+                    end = max(end, hi)
+        for t in self._others:
+            self.shards.shm.discard(t)
+        for f in self.flats.values():  # and the peers' pages the refresh read: mapped here, theirs to keep
+            self.shards.shm.unmap_peers(f)
+        self._whole = False
 
     # -- the step ------------------------------------------------------------------------------------------
     def usable(self) -> bool:
@@ -259,6 +289,8 @@ class SplitStep:
         return not self.disabled
 
     def begin(self) -> None:
+        if self._whole:  # a refresh (state_dict) filled in the peers' slices: not needed for the step
+            self._discard_peer_slices()
         self.shards.shm.barrier()  # A: no peer still reads its parameters (we write into its part)
 
     def end(self, stepped: list[tuple[torch.Tensor, int, int]]) -> None:

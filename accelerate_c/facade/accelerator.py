@@ -27,7 +27,7 @@ from .tracking_api import TrackingAPI
 from ..base import settings
 from ..base.dataclasses import (DataLoaderConfiguration, GradientAccumulationPlugin, KwargsHandler,
                                 ProjectConfiguration, TorchDynamoPlugin)
-from ..runtime.memory import release_memory
+from ..runtime.memory import give_back_freed_memory, release_memory
 from ..runtime.models import compile_model, extract_model_from_parallel
 
 _UNSET = object()
@@ -176,6 +176,7 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         for kind in ("first", "optimizer", "scheduler"):
             for i, obj in enumerate(result):
                 result[i] = self._prepare_one(obj, kind, device_placement[i])
+        give_back_freed_memory()  # what sharding or moving into shared buffers replaced
         return result[0] if len(result) == 1 else tuple(result)
 
     def _prepare_one(self, obj: Any, kind: str, device_placement: Optional[bool]) -> Any:

@@ -2,6 +2,9 @@
 # `find_executable_batch_size` decorator (retry with a smaller batch after an out-of-memory error), with
 # HF 1.15's semantics: the batch size is multiplied by 0.9 after each OOM unless `reduce_batch_size_fn` says
 # otherwise, and memory is released (gc + the device cache) before the first try and after every OOM.
+# give_back_freed_memory: the C heap's free pages back to the system, called once after prepare() and once after
+# the first optimizer step (what sharding replaced and the optimizer's first-step temporaries are freed then; glibc
+# keeps freed blocks below its mmap threshold in its arenas, so the process would otherwise go on holding them).
 # Not for: the Accelerator's own bookkeeping (Accelerator.free_memory calls release_memory).
 from __future__ import annotations
 
@@ -41,6 +44,14 @@ def clear_device_cache(garbage_collection: bool = False) -> None:
         torch.mps.empty_cache()
     elif torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def give_back_freed_memory() -> Optional[bool]:
+    """Returns the C heap's free pages to the system (glibc's malloc_trim, GIL released): True when some were
+    released, False when none, None where the C library has no such call. Costs a walk of the heap's free
+    lists (milliseconds): for the few points where a run frees most of what it held, not for every step."""
+    from .. import _C
+    return _C.heap_trim()
 
 
 def release_memory(*objects: Any) -> list:

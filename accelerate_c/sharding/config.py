@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
+from ..base import settings
 from ..deepspeed.schema import communication_dtype, gradient_clipping
 from ..ddp.config import DDPConfig
 
@@ -47,6 +48,7 @@ class ShardedConfig(DDPConfig):
     deepspeed_config: Mapping[str, Any] = field(default_factory=dict)  # the resolved JSON ("auto" filled at prepare)
     auto_wrap_callable: Optional[Callable[..., Any]] = None  # auto_wrap_policy "callable": the user's policy function
     activation_checkpointing_offload: bool = False  # FSDP2: checkpointed inputs kept in CPU memory (CPU runs: as is)
+    staging_mb: float = 8.0                   # ACCELERATE_C_SHARD_STAGING_MB: each gradient staging window
 
     def with_resolved_deepspeed(self) -> "ShardedConfig":
         """This config with the DeepSpeed fields re-read from `deepspeed_config` after prepare filled its "auto"
@@ -63,6 +65,7 @@ class ShardedConfig(DDPConfig):
     @classmethod
     def _fields(cls, handlers: Mapping[str, Any], env: Optional[Mapping[str, str]]) -> dict[str, Any]:
         fields = super()._fields(handlers, env)
+        fields["staging_mb"] = settings.get("SHARD_STAGING_MB", env)
         plugin = handlers.get("FullyShardedDataParallelPlugin")
         if plugin is not None:
             fields.update(fields_from_fsdp_plugin(plugin))

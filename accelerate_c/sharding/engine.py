@@ -10,8 +10,9 @@
 #            buffer at each synced backward). The optimizer steps the shard; the shards are then all-gathered.
 #   stage 2: as 1, but no full gradient buffer: under no_sync the gradients accumulate locally in the parameters'
 #            own .grad (torch FSDP's no_sync); in a synced backward, as each unit's gradients are complete
-#            (post-accumulate-grad hooks, in a fixed unit order on every rank) they are packed into one unit-sized
-#            staging buffer, reduce-scattered into the unit's shard gradient (accumulating across synced
+#            (post-accumulate-grad hooks, in a fixed unit order on every rank) they are packed into a staging
+#            window (a unit larger than one goes in pieces: each window holds the same piece of every rank's shard),
+#            reduce-scattered into the unit's shard gradient (accumulating across synced
 #            backwards until zero_grad) and the parameters' .grad freed.
 #   stage 3: as 2, and the parameters themselves are sharded: zero3.py gathers a unit before its forward and its
 #            backward and frees it after.
@@ -221,25 +222,36 @@ class ShardEngine:
             self._works.append((w, None, out))
             self._inplace.append(u)
             return
-        k = self._next_staging
-        self._next_staging = (k + 1) % len(self.staging)
-        if self._staging_work[k] is not None:  # peers may read this buffer until its reduce-scatter is done
-            self._staging_work[k].wait()
-        staging = self.staging[k][:u.padded]
         # stage 1: the full gradient buffer (it accumulates): cast into the reduce dtype, overwrite; stages 2/3: each
         # parameter's local gradient
-        u.pack(staging, [self.views.local_grad(self.index[id(e.param)], fold=True) for e in u.entries])
+        grads = [self.views.local_grad(self.index[id(e.param)], fold=True) for e in u.entries]
         self.views.reduced(u)
-        out = self.grad_shard(u)
-        if self._fresh[u.index] or self.stage == 1:
-            w = comm.reduce_scatter_async(out, staging, "avg")
-            self._fresh[u.index] = False
-            self._works.append((w, None, out))
-        else:  # accumulation: a second backward before zero_grad
-            tmp = torch.empty_like(out)
-            w = comm.reduce_scatter_async(tmp, staging, "avg")
-            self._works.append((w, tmp, out))
-        self._staging_work[k] = w
+        shard = self.grad_shard(u)
+        fresh = self._fresh[u.index] or self.stage == 1
+        self._fresh[u.index] = False
+        whole = u.shard <= self.window
+        flats = None if whole else [g.reshape(-1) if g is not None else None for g in grads]
+        for start in range(0, max(u.shard, 1), self.window):  # the unit in windows of its shards, in order
+            n = min(self.window, u.shard - start)
+            k = self._next_staging
+            self._next_staging = (k + 1) % len(self.staging)
+            if self._staging_work[k] is not None:  # peers may read this buffer until its reduce-scatter is done
+                self._staging_work[k].wait()
+            staging = self.staging[k][:n * self.world]
+            if whole:
+                u.pack(staging, grads)
+            else:
+                u.pack_window(staging, flats, start, n)
+            out = shard[start:start + n]
+            if fresh:
+                w = comm.reduce_scatter_async(out, staging, "avg")
+                self._works.append((w, None, out))
+            else:  # accumulation: a second backward before zero_grad
+                tmp = torch.empty_like(out)
+                w = comm.reduce_scatter_async(tmp, staging, "avg")
+                self._works.append((w, tmp, out))
+            self._staging_work[k] = w
+        del flats, grads
         if self.stage == 1:
             return
         for e in u.entries:

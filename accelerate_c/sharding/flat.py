@@ -65,6 +65,20 @@ class FlatUnit:
         dtype, padding zeroed (one C pass: pack.py)."""
         _pack(out[:self.padded], [e.offset for e in self.entries], tensors)
 
+    def pack_window(self, out: torch.Tensor, flats: list[Optional[torch.Tensor]], start: int, n: int) -> None:
+        """A window of the unit's padded buffer in reduce-scatter order: out[q * n:(q + 1) * n] = its elements
+        [q * shard + start, q * shard + start + n) for each rank q (so reduce-scattering `out` yields elements
+        [start, start + n) of each rank's shard). `flats`: each entry's tensor flattened (None = zeros)."""
+        offsets, pieces = [], []
+        for q in range(self.world):
+            a = q * self.shard + start
+            for e, t in zip(self.entries, flats):
+                lo, hi = max(a, e.offset), min(a + n, e.offset + e.numel)
+                if hi > lo and t is not None:
+                    pieces.append(t[lo - e.offset:hi - e.offset])
+                    offsets.append(q * n + lo - a)
+        _pack(out[:n * self.world], offsets, pieces)
+
     def views(self, full: torch.Tensor) -> list[torch.Tensor]:
         """Each parameter's shaped view of a full unit buffer."""
         return [full[e.offset:e.offset + e.numel].view(e.shape) for e in self.entries]

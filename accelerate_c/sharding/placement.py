@@ -1,7 +1,7 @@
 # accelerate_c/sharding/placement.py: where a ShardEngine's memory lives: the flat buffers of its stage (stage 1/2:
 # the full parameters and fp32 master shards; stage 3: the parameter shards and their compute copy; stage 1's full
-# gradient buffer; the shard gradient and two reduce-scatter staging buffers), and every unit parameter moved into
-# its view of them. Sharded construction fills the same buffers from rank 0 (construct.py).
+# gradient buffer; the shard gradient and two reduce-scatter staging windows of ShardedConfig.staging_mb), and
+# every unit parameter moved into its view of them. Sharded construction fills the same buffers from rank 0 (construct.py).
 # Not for: what the buffers mean during a step (engine.py) or the layout arithmetic (flat.py).
 from __future__ import annotations
 
@@ -10,6 +10,11 @@ from typing import Any, Optional
 import torch
 
 from .views import raw_grad, set_raw_grad
+
+
+def staging_window(staging_mb: float, world: int, itemsize: int) -> int:
+    """Elements of each rank's shard one staging window of `staging_mb` MiB carries (a multiple of 16, at least 16)."""
+    return max(16, int(staging_mb * (1 << 20)) // (world * itemsize) // 16 * 16)
 
 
 def place_buffers(engine: Any) -> None:
@@ -55,9 +60,13 @@ def place_buffers(engine: Any) -> None:
                 engine.gviews[engine.index[id(e.param)]] = v
     if engine.stage != 1 or engine.split_reduce:
         engine.gshard = comm.alloc(engine.shard_numel, engine.rdt)
-        # two unit-sized staging buffers: one unit packs while the previous one's reduce-scatter runs
+        # two staging windows: one packs while the previous one's reduce-scatter runs; a unit larger than a window
+        # goes through in pieces (engine._reduce), so they cost STAGING_BYTES each, not a unit each
         biggest = max((u.padded for u in engine.units), default=0)
-        engine.staging = [comm.alloc(biggest, engine.rdt) for _ in range(2 if len(engine.units) > 1 else 1)]
+        engine.window = staging_window(getattr(engine.config, "staging_mb", 8.0), engine.world, engine.rdt.itemsize)
+        size = min(biggest, engine.window * engine.world)
+        pieces = sum(-(-u.shard // engine.window) for u in engine.units)
+        engine.staging = [comm.alloc(size, engine.rdt) for _ in range(2 if pieces > 1 else 1)]
         engine._staging_work: list[Optional[Any]] = [None] * len(engine.staging)
         engine._next_staging = 0
     if engine.stage != 1:
