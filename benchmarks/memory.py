@@ -287,6 +287,8 @@ def main() -> None:
                      f"{statistics.median(prep[k]):,.0f} | {t['total'] / MiB:,.0f} ("
                      + " / ".join(f"{t.get(x, 0) / MiB:,.0f}" for x in parts) + f") | {t.get('in_shm', 0) / MiB:,.0f} |"
                      if ddp else f"| {k} | {med[k]:,.0f} | {_range(growth[k])} | - | - | - | - | - | - |")
+    lines += ["", "- tensor bytes count each storage's full size: a shared-memory region's storage spans every rank's part "
+              "(mapped, mostly not resident here), so its column overstates what a rank holds; PSS is the measure."]
     print("\n".join(lines))
     if not args.no_record and not args.quick:
         append_results(f"Memory per rank (PSS), {args.nproc} processes", lines)
