@@ -14,7 +14,9 @@
 # (here the root: embedding + head, larger than a layer): ours must be <= 1.15x of it.
 # Memory: the eager baseline holds ~4.4 GB per rank, run after ours, never together. Run it once or twice.
 # Not for: correctness (tests/test_sharded_construct.py) or step time (benchmarks/zero_step.py).
-# Run: python benchmarks/sharded_init.py [--quick] [--no-record]
+# --shape 500m: a ~507M-parameter Llama (hidden 1280, 24 layers), with issue 20's bound: <= 1.1x (4Ψ/N + the largest
+# unit + 256 MiB).
+# Run: python benchmarks/sharded_init.py [--quick] [--no-record] [--shape 1.1b|500m]
 from __future__ import annotations
 
 import argparse
@@ -32,6 +34,7 @@ sys.path.insert(0, HERE)
 from _results import append_results  # noqa: E402
 
 FULL = dict(hidden=2048, layers=22, inter=5632, heads=32, kv=4, vocab=32000)
+MID = dict(hidden=1280, layers=24, inter=3584, heads=20, kv=4, vocab=32000)  # ~507M (issue 20's target)
 QUICK = dict(hidden=256, layers=4, inter=688, heads=4, kv=2, vocab=2000)
 
 
@@ -61,7 +64,7 @@ def worker(args) -> None:
     from transformers import LlamaForCausalLM
     from accelerate_c import Accelerator, FullyShardedDataParallelPlugin
     torch.set_num_threads(1)
-    shape = QUICK if args.quick else FULL
+    shape = _shape(args)
     plugin = FullyShardedDataParallelPlugin(sharding_strategy="FULL_SHARD", cpu_ram_efficient_loading=True,
                                             auto_wrap_policy="transformer_based_wrap",
                                             transformer_cls_names_to_wrap=["LlamaDecoderLayer"])
@@ -94,12 +97,17 @@ def worker(args) -> None:
     acc.end_training()
 
 
+def _shape(args) -> dict:
+    return QUICK if args.quick else MID if args.shape == "500m" else FULL
+
+
 def launch(kind: str, args, tmp: str) -> list[dict]:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = os.path.join(tmp, kind)
     cmd = [sys.executable, "-m", "accelerate_c", "launch", "--cpu", "--num_processes", "2", "--main_process_port",
-           "0", os.path.abspath(__file__), "--worker", kind, "--out", out] + (["--quick"] if args.quick else [])
+           "0", os.path.abspath(__file__), "--worker", kind, "--out", out, "--shape", args.shape] + \
+        (["--quick"] if args.quick else [])
     p = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=1200)
     if p.returncode != 0:
@@ -111,6 +119,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a small model: a smoke run (records nothing)")
     ap.add_argument("--no-record", action="store_true")
+    ap.add_argument("--shape", choices=("1.1b", "500m"), default="1.1b",
+                    help="1.1b: TinyLlama's shape (issue 9's bound); 500m: ~507M params (issue 20's bound)")
     ap.add_argument("--worker", choices=("ours", "eager"))
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -123,7 +133,7 @@ def main() -> None:
     unit = ours[0]["max_unit_bytes"]
     bound = 4 * psi / n + unit
     gb = 1e9
-    lines = [f"model: LlamaForCausalLM {QUICK if args.quick else FULL}, {psi / 1e9:.3f}B params fp32, "
+    lines = [f"model: LlamaForCausalLM {_shape(args)}, {psi / 1e9:.3f}B params fp32, "
              f"{ours[0]['units']} units (largest {unit / gb:.3f} GB: the root; a layer {ours[0]['layer_unit_bytes'] / gb:.3f} GB)",
              f"bound 4Ψ/N + one unit = {bound / gb:.3f} GB per rank (N={n}); peak RSS = VmHWM - VmRSS before the "
              "model is built (high-water mark reset there)"]
@@ -137,10 +147,13 @@ def main() -> None:
     layer_bound = 4 * psi / n + ours[0]["layer_unit_bytes"]
     lines.append(f"worst rank: ours {worst / bound:.3f}x the bound (target <= 1.15x); "
                  f"{worst / layer_bound:.3f}x 4Ψ/N + one layer unit ({layer_bound / gb:.3f} GB)")
+    bound20 = 4 * psi / n + unit + (256 << 20)
+    lines.append(f"issue 20's bound: worst rank {worst / bound20:.3f}x (4Ψ/N + the largest unit + 256 MiB = "
+                 f"{bound20 / gb:.3f} GB; target <= 1.1x)")
     text = "\n".join(lines)
     print(text)
     if not args.quick and not args.no_record:
-        append_results("sharded_init.py: peak RSS per rank, sharded construction of a ~1.1B fp32 model",
+        append_results(f"sharded_init.py: peak RSS per rank, sharded construction of a {psi / 1e9:.2f}B fp32 model",
                        ["```", text, "```"])
 
 

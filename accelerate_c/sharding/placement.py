@@ -1,7 +1,8 @@
 # accelerate_c/sharding/placement.py: where a ShardEngine's memory lives: the flat buffers of its stage (stage 1/2:
 # the full parameters and fp32 master shards; stage 3: the parameter shards and their compute copy; stage 1's full
-# gradient buffer; the shard gradient and two reduce-scatter staging windows of ShardedConfig.staging_mb), and
-# every unit parameter moved into its view of them. Sharded construction fills the same buffers from rank 0 (construct.py).
+# gradient buffer; the shard gradient and two reduce-scatter staging windows of ShardedConfig.staging_mb),
+# and every unit parameter moved into its view of them. Sharded construction fills the same buffers from rank 0
+# (construct.py).
 # Not for: what the buffers mean during a step (engine.py) or the layout arithmetic (flat.py).
 from __future__ import annotations
 
