@@ -3,7 +3,8 @@
 # StorageWeakRef sees C++ references too); the split DDP step keeps only its own slice of the optimizer state
 # resident (half at 2 ranks), a state_dict() fills in the peers' slices (the same state on every rank, no
 # parameter's left at zero) and the next step gives those pages back; the sharded engine's gradient
-# staging is two windows of ACCELERATE_C_SHARD_STAGING_MB, not two units. The PSS figures themselves are
+# staging is two windows of ACCELERATE_C_SHARD_STAGING_MB, not two units, and its shard gradient holds no memory
+# after a zero_grad (as FSDP2's freed gradients). The PSS figures themselves are
 # benchmarks/memory.py's (docs/sharding.md).
 # Not for: the windows' arithmetic (test_sharded_engine.py runs cases with ~1 KiB windows).
 import json
@@ -37,3 +38,5 @@ def test_what_a_prepared_run_holds(run, tmp_path, kind):
     else:
         for r in ranks:
             assert r["staging"] <= 2 * (1 << 20) < r["biggest"], r
+            freed, written, freed_again = r["gshard_rss"]
+            assert freed == 0 and freed_again == 0 and written >= r["gshard_bytes"] // 2, r

@@ -53,6 +53,13 @@ class ShardComm:
             return self.group.alloc(numel, dtype)
         return torch.zeros(numel, dtype=dtype, device=self.device)
 
+    def alloc_pages(self, numel: int, dtype: torch.dtype = torch.float32) -> Any:
+        """A zeroed buffer whose memory zero_pages() gives back (base/pages.py) on CPU; None elsewhere."""
+        if self.device.type != "cpu":
+            return None
+        from ..base.pages import PageBuffer
+        return PageBuffer(numel, dtype)
+
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: str = "avg") -> None:
         self._count("reduce_scatter", inp)
         self.group.reduce_scatter(out, inp, op)

@@ -304,7 +304,9 @@ class ShardEngine:
                 self._fresh = [True] * len(self.units)
                 for e in self.entries:
                     set_raw_grad(e.param, None)
-            if hasattr(self, "gshard"):
+            if getattr(self, "gshard_pages", None) is not None:  # its pages back until the next backward
+                self.gshard_pages.zero_()
+            elif hasattr(self, "gshard"):
                 self.gshard.zero_()
             self.used.zero_()
             return

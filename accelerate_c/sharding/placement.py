@@ -60,7 +60,11 @@ def place_buffers(engine: Any) -> None:
                 set_raw_grad(e.param, v)
                 engine.gviews[engine.index[id(e.param)]] = v
     if engine.stage != 1 or engine.split_reduce:
-        engine.gshard = comm.alloc(engine.shard_numel, engine.rdt)
+        # the shard gradient: its pages go back to the system at every full zero_grad (written again by the next
+        # backward's reduce-scatters, which need no shared memory for their output)
+        engine.gshard_pages = comm.alloc_pages(engine.shard_numel, engine.rdt)
+        engine.gshard = (engine.gshard_pages.tensor if engine.gshard_pages is not None
+                         else comm.alloc(engine.shard_numel, engine.rdt))
         # two staging windows: one packs while the previous one's reduce-scatter runs; a unit larger than a window
         # goes through in pieces (engine._reduce), so they cost STAGING_BYTES each, not a unit each
         biggest = max((u.padded for u in engine.units), default=0)

@@ -7,7 +7,9 @@
 #            part and any peer pages it read), after two steps, after optimizer.state_dict() and after a third
 #            step, with the state's full size and the state_dict's tensors (equal on every rank, checked by the
 #            test against each other);
-#   staging: z2 / z3, the bytes of the engine's staging windows and the biggest unit's padded bytes.
+#   staging: z2 / z3, the bytes of the engine's staging windows and the biggest unit's padded bytes;
+#   gshard_rss: z2 / z3, the resident bytes of the shard gradient's mapping after zero_grad, after a backward and
+#            after the next zero_grad (base/pages.py gives its pages back at every full zero_grad).
 # Not for: timing or the PSS figures (benchmarks/memory.py).
 import gc
 import json
@@ -76,6 +78,15 @@ if kind == "ddp":
     res.update(state_rss=rss, state_bytes=full)
 else:
     e, = acc.strategy.engines
+    ptr = [e.gshard.data_ptr()]
+    gshard_rss = [mapping_rss(ptr)]  # after zero_grad: given back
+    loss = model(torch.randn(8, 64, generator=g)).pow(2).mean()
+    acc.backward(loss)
+    gshard_rss.append(mapping_rss(ptr))  # written by the backward's reduce-scatters
+    opt.step()
+    opt.zero_grad()
+    gshard_rss.append(mapping_rss(ptr))
+    res.update(gshard_rss=gshard_rss, gshard_bytes=e.gshard.numel() * e.gshard.element_size())
     res.update(staging=sum(s.numel() * s.element_size() for s in e.staging),
                biggest=max(u.padded for u in e.units) * 4)
 with open(os.path.join(out, f"rank{acc.process_index}.json"), "w") as f:

@@ -1,0 +1,34 @@
+# accelerate_c/base/pages.py: CPU buffers whose memory can be handed back to the system between uses. A PageBuffer
+# is a zeroed 1-D tensor in an anonymous private mapping of its own, rounded up to 2 MiB and marked for
+# transparent huge pages (where the kernel has them in "madvise" or "always" mode), so zero_() can give its pages
+# back (MADV_DONTNEED: they read as zeros) and the next writes fault them in again as a few huge pages instead of
+# thousands of small ones. Used by the sharded engine for its gradient shard, freed at zero_grad as FSDP2 frees its
+# gradients.
+# Not for: shared memory between processes (comm/shm.py) or torch's allocator.
+from __future__ import annotations
+
+import mmap
+
+import torch
+
+HUGE = 2 << 20
+
+
+class PageBuffer:
+    def __init__(self, numel: int, dtype: torch.dtype = torch.float32) -> None:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        self.nbytes = int(numel) * itemsize
+        self._mm = mmap.mmap(-1, max(HUGE, -(-self.nbytes // HUGE) * HUGE),
+                             flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            self._mm.madvise(mmap.MADV_HUGEPAGE)
+        except (AttributeError, OSError):  # no THP here: small pages, still given back
+            pass
+        self.tensor = (torch.frombuffer(self._mm, dtype=dtype, count=int(numel)) if numel
+                       else torch.empty(0, dtype=dtype))
+
+    def zero_(self) -> torch.Tensor:
+        """Zeroes the whole buffer by giving its pages back to the system."""
+        if self.nbytes:
+            self._mm.madvise(mmap.MADV_DONTNEED, 0, len(self._mm))
+        return self.tensor
