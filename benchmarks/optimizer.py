@@ -25,6 +25,8 @@ import statistics
 import sys
 import time
 
+from typing import Optional
+
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -331,7 +333,52 @@ def regime(kw: dict, bpp: dict, res: dict, n: int, bw: float, reps: int) -> list
         out.append(f"  {k:34s} {rate / 1e9:6.3f} Gelem/s in cache: compute {tc * 1e3:7.2f} ms of {res[k] * 1e3:7.2f} ms"
                    f" measured (share {share:4.2f}: {which}); copy bound {tb * 1e3:7.2f} ms; at most "
                    f"{base / tc:5.2f}x torch fused fp32 if memory were free")
+    for k, sym in KERNELS.items():
+        got = loop_instructions(f"{sym}_avx512") if _C.simd_level() == "avx512" else None
+        if got:
+            n_ins, n_div, n_el = got
+            out.append(f"  {k:34s} hot loop ({sym}_avx512, objdump): {n_ins} instructions per {n_el} elements = "
+                       f"{n_ins / n_el:.2f} per element, {n_div} of them zmm divisions / square roots")
     return out
+
+
+KERNELS = {"accelerate_c AdamW fp32 state": "adam_range", "accelerate_c AdamW bf16 state": "adam_bf16s_range",
+           "accelerate_c AdamW 8-bit state": "adam_q8_blocks"}
+
+
+def loop_instructions(symbol: str) -> Optional[tuple[int, int, int]]:
+    """Static count of the kernel's hot loop in the built extension (objdump; the host has no hardware counters
+    to read here): (instructions per iteration, zmm divisions and square roots per iteration, elements per
+    iteration), for the loop with the most of them; the update divides twice per 16-lane vector, so elements =
+    16 x divisions / 2. None without objdump or the symbol."""
+    import re
+    import shutil
+    import subprocess
+    so = _C.__file__
+    if not shutil.which("objdump") or not shutil.which("nm"):
+        return None
+    syms = sorted((int(a, 16), n) for a, _, n in (line.split()[:3] for line in subprocess.run(
+        ["nm", so], capture_output=True, text=True).stdout.splitlines() if len(line.split()) == 3))
+    starts = [i for i, (_, n) in enumerate(syms) if n == symbol]
+    if not starts:
+        return None
+    lo, hi = syms[starts[0]][0], syms[starts[0] + 1][0]
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", f"--start-address={lo:#x}",
+                           f"--stop-address={hi:#x}", so], capture_output=True, text=True).stdout
+    ins = [(int(m[1], 16), m[2]) for m in re.finditer(r"^\s*([0-9a-f]+):\s+(\S.*)$", text, re.M)]
+    best = None
+    for k, (addr, op) in enumerate(ins):
+        m = re.match(r"j\w+\s+([0-9a-f]+)", op)
+        if not m or not op.startswith("j") or op.startswith("jmp"):
+            continue
+        target = int(m[1], 16)
+        if target >= addr:
+            continue
+        body = [o for a, o in ins[:k + 1] if a >= target]
+        divs = sum(o.startswith(("vdivps", "vsqrtps")) and "zmm" in o for o in body)
+        if divs and (best is None or divs > best[1]):
+            best = (len(body), divs, 16 * sum(o.startswith("vdivps") and "zmm" in o for o in body) // 2)
+    return best
 
 
 def deepspeed_adam(ps, kw, lines):
