@@ -6,6 +6,7 @@
 import atexit
 import fcntl
 import importlib
+import json
 import os
 import shutil
 import socket
@@ -124,6 +125,25 @@ def sharding_env(monkeypatch):
         reset_state(m)
     os.environ.clear()
     os.environ.update(saved)
+
+
+def rewrite_listed(ckpt: str, name: str, content: "str | bytes | None" = None) -> None:
+    """Replaces file `name` of checkpoint folder `ckpt` with `content` (None: keeps what a test already wrote there)
+    and sets its size in checkpoint.json's file list, so that a loader meets the new content itself rather than
+    the size check (checkpoint.json itself, or a name it does not list, has no size to set)."""
+    path = os.path.join(ckpt, name)
+    if content is not None:
+        with open(path, "wb") as fh:
+            fh.write(content.encode() if isinstance(content, str) else content)
+    meta_path = os.path.join(ckpt, "checkpoint.json")
+    if name == "checkpoint.json":
+        return
+    with open(meta_path) as fh:
+        meta = json.load(fh)
+    if isinstance(meta.get("files"), dict) and name in meta["files"]:
+        meta["files"][name] = os.path.getsize(path)
+        with open(meta_path, "w") as fh:
+            json.dump(meta, fh)
 
 
 def clean_env(**extra: str) -> dict:

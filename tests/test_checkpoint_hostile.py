@@ -24,6 +24,7 @@ from accelerate_c.checkpointing import CheckpointError, load_state, save_state
 from bitwise import same
 from test_checkpoint_universal import sharded
 from test_checkpointing import FakeAccelerator
+from conftest import rewrite_listed
 
 
 # ----------------------------------------------------------------------------------------------- fixtures
@@ -89,15 +90,6 @@ def _everything(acc):
 
 
 # ----------------------------------------------------------------------------------------------- mutations
-def _set_size(d, name):
-    """checkpoint.json lists the new size of `name`, so that the reader meets the mutated content itself."""
-    meta_path = os.path.join(d, "checkpoint.json")
-    meta = json.load(open(meta_path))
-    if isinstance(meta.get("files"), dict) and name in meta["files"]:
-        meta["files"][name] = os.path.getsize(os.path.join(d, name))
-        open(meta_path, "w").write(json.dumps(meta))
-
-
 def _paths(doc, at=()):
     yield at
     if isinstance(doc, dict):
@@ -134,7 +126,7 @@ def _mutate_json(d, name, rng):
         parent[where[-1]] = value if value != "DELETE" else None
     open(path, "w").write(text if text is not None else json.dumps(doc))
     if rng.random() < 0.9 and name != "checkpoint.json":
-        _set_size(d, name)
+        rewrite_listed(d, name)
     return f"{name}{list(where)} = {str(value)[:40]}"
 
 
@@ -200,7 +192,7 @@ def _mutate_st(d, name, rng):
     else:
         _write_st(path, header, data)
     if rng.random() < 0.9:
-        _set_size(d, name)
+        rewrite_listed(d, name)
     return f"{name}: {key} {how}"
 
 
@@ -296,7 +288,7 @@ def _st_case(ckpt, tmp_path, mutate, pattern, name="model-rank00000-of-00002.saf
     header, data = _read_st(os.path.join(d, name))
     mutate(header, [k for k in header if k != "__metadata__"])
     _write_st(os.path.join(d, name), header, data)
-    _set_size(d, name)
+    rewrite_listed(d, name)
     _fails_cleanly(d, pattern)
     return d
 
@@ -353,7 +345,7 @@ def test_malformed_metadata_is_named(ckpt, tmp_path):
         _fails_cleanly(d, pattern)
     open(os.path.join(d, "checkpoint.json"), "w").write(json.dumps(meta))
     open(os.path.join(d, "model.json"), "w").write("[" * 200_000 + "]" * 200_000)
-    _set_size(d, "model.json")
+    rewrite_listed(d, "model.json")
     _fails_cleanly(d, r"model\.json is not valid JSON: nested too deeply")
 
 
@@ -366,5 +358,5 @@ def test_later_errors_leave_everything_as_it_was(ckpt, tmp_path):
     doc = json.load(open(rng_file))
     doc["data"]["python"] = {"__t__": "tuple", "v": [3, [1, 2], None]}     # not a python RNG state
     open(rng_file, "w").write(json.dumps(doc))
-    _set_size(d, "random_states_0.json")
+    rewrite_listed(d, "random_states_0.json")
     _fails_cleanly(d, r"random_states_0\.json holds no valid RNG state")

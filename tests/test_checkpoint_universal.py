@@ -19,7 +19,7 @@ import torch
 from accelerate_c.checkpointing import CheckpointError, load_state, save_model, save_state
 from accelerate_c.checkpointing.slices import ParamSlot, TensorSlice
 from bitwise import same
-from conftest import Job, clean_env, describe_all, finish_all, free_port
+from conftest import Job, clean_env, describe_all, finish_all, free_port, rewrite_listed
 from test_checkpointing import FakeAccelerator, OptWrap, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -184,16 +184,6 @@ def test_any_layout_any_world_size_bitwise(tmp_path):
             check_sharded_rank(acc, reference())
 
 
-def rewrite_json(ck, name, doc):
-    """Replaces a JSON file of a checkpoint and its size in checkpoint.json (so the loader reads the new content)."""
-    text = json.dumps(doc)
-    open(os.path.join(ck, name), "w").write(text)
-    if name != "checkpoint.json":
-        meta = json.load(open(os.path.join(ck, "checkpoint.json")))
-        meta["files"][name] = len(text.encode())
-        open(os.path.join(ck, "checkpoint.json"), "w").write(json.dumps(meta))
-
-
 def test_missing_pieces_and_files_are_named(tmp_path):
     acc = FakeAccelerator()
     train(acc, 1)
@@ -208,15 +198,15 @@ def test_missing_pieces_and_files_are_named(tmp_path):
     doc = json.load(open(os.path.join(ck, "model.json")))
     good = json.dumps(doc)
     del doc["tensors"]["lin.bias"]
-    rewrite_json(ck, "model.json", doc)                       # an index that disagrees with the piece headers
+    rewrite_listed(ck, "model.json", json.dumps(doc))  # an index that disagrees with the piece headers
     with pytest.raises(CheckpointError, match=r"model\.json does not match the piece files"):
         load_state(FakeAccelerator(), ck)
-    rewrite_json(ck, "model.json", json.loads(good))
+    rewrite_listed(ck, "model.json", good)
     os.remove(os.path.join(ck, "optimizer.safetensors"))
     with pytest.raises(CheckpointError, match=r"optimizer\.safetensors is missing"):
         load_state(FakeAccelerator(), ck, strict=False)
     meta = json.load(open(os.path.join(ck, "checkpoint.json")))
-    rewrite_json(ck, "checkpoint.json", meta | {"version": 1})
+    rewrite_listed(ck, "checkpoint.json", json.dumps(meta | {"version": 1}))
     with pytest.raises(CheckpointError, match="version 1.*universal"):
         load_state(FakeAccelerator(), ck)
 

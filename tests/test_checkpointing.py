@@ -7,7 +7,6 @@ import os
 import pickle
 import random
 import sys
-import textwrap
 import time
 
 import numpy as np
@@ -20,7 +19,7 @@ from accelerate_c.checkpointing import (CheckpointError, decode, encode, load_st
 from accelerate_c.checkpointing import atomic
 from accelerate_c.utils.dataclasses import ProjectConfiguration
 from bitwise import same
-from conftest import Job, describe_all, finish_all, free_port
+from conftest import Job, describe_all, finish_all, free_port, rewrite_listed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -307,14 +306,7 @@ def test_clear_errors_for_bad_files(tmp_path):
         return f
 
     def write(name, text):  # replaces a file and its listed size, so the reader sees the new content itself
-        def f(d):
-            open(os.path.join(d, name), "w").write(text)
-            meta_path = os.path.join(d, "checkpoint.json")
-            meta = json.load(open(meta_path))
-            if name in meta["files"]:
-                meta["files"][name] = len(text.encode())
-                open(meta_path, "w").write(json.dumps(meta))
-        return f
+        return lambda d: rewrite_listed(d, name, text)
 
     broken(truncate("optimizer.safetensors"), r"optimizer\.safetensors.*truncated")
     broken(truncate("model.safetensors"), r"model\.safetensors")

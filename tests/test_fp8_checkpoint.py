@@ -23,7 +23,7 @@ from accelerate_c import Accelerator, FP8RecipeKwargs
 from accelerate_c.checkpointing import CheckpointError, load_state, save_state
 from accelerate_c.precision.fp8 import FP8Config, FP8Linear, convert_to_fp8, scaling_state
 from bitwise import same
-from conftest import reset_state
+from conftest import reset_state, rewrite_listed
 from test_checkpointing import FakeAccelerator
 
 
@@ -155,10 +155,7 @@ def test_fp8_state_under_another_world_size(tmp_path):
     path = os.path.join(ck, "fp8_states_1.json")  # a bad history: an error naming the file, layer and key
     doc = json.load(open(path))
     doc["data"][0]["head"]["g"] = ["1.5"]
-    json.dump(doc, open(path, "w"))
-    meta = json.load(open(os.path.join(ck, "checkpoint.json")))  # its listed size too: the content is what is bad
-    meta["files"]["fp8_states_1.json"] = os.path.getsize(path)
-    json.dump(meta, open(os.path.join(ck, "checkpoint.json"), "w"))
+    rewrite_listed(ck, "fp8_states_1.json", json.dumps(doc))  # its listed size too: the content is what is bad
     bad = _fp8_fake(1, 2)
     with pytest.raises(CheckpointError, match=r"fp8_states_1.*'head': 'g' must be a list of floats"):
         load_state(bad, ck)
