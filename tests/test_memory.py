@@ -2,7 +2,8 @@
 # (tests/scripts/memory_probe.py): no original parameter storage survives prepare (DDP, ZeRO-2, ZeRO-3; torch's
 # StorageWeakRef sees C++ references too); the split DDP step keeps only its own slice of the optimizer state
 # resident (half at 2 ranks), a state_dict() fills in the peers' slices (the same state on every rank, no
-# parameter's left at zero) and the next step gives those pages back; the sharded engine's gradient
+# parameter's left at zero) and the next step gives those pages back, and its shared regions are the parameters,
+# the gradient buckets and the state slots (4 x the parameter bytes under Adam, no second copy); the sharded engine's gradient
 # staging is two windows of ACCELERATE_C_SHARD_STAGING_MB, not two units, and its shard gradient holds no memory
 # after a zero_grad (as FSDP2's freed gradients). The PSS figures themselves are
 # benchmarks/memory.py's (docs/sharding.md).
@@ -29,6 +30,9 @@ def test_what_a_prepared_run_holds(run, tmp_path, kind):
             assert after_steps <= half + PAGE_SLACK, r
             assert after_state_dict >= r["state_bytes"], r  # the peers' slices were read in
             assert after_next_step <= half + PAGE_SLACK, r
+            # parameters + gradients + state slots (Adam: 2 per parameter), each region rounded to pages: the
+            # transport keeps no second copy of the gradients
+            assert r["region_part_bytes"] <= 4 * r["param_bytes"] + r["n_regions"] * 4096, r
         sd0, sd1 = (torch.load(tmp_path / f"state{q}.pt") for q in (0, 1))
         assert sd0["state"].keys() == sd1["state"].keys() and sd0["state"]
         for k in sd0["state"]:

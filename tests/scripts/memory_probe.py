@@ -6,7 +6,7 @@
 #   state_rss: ddp only, the resident bytes of this process's mappings of the split step's state regions (its own
 #            part and any peer pages it read), after two steps, after optimizer.state_dict() and after a third
 #            step, with the state's full size and the state_dict's tensors (equal on every rank, checked by the
-#            test against each other);
+#            test against each other), and the bytes of this rank's parts of every shared region;
 #   staging: z2 / z3, the bytes of the engine's staging windows and the biggest unit's padded bytes;
 #   gshard_rss: z2 / z3, the resident bytes of the shard gradient's mapping after zero_grad, after a backward and
 #            after the next zero_grad (base/pages.py gives its pages back at every full zero_grad).
@@ -75,7 +75,12 @@ if kind == "ddp":
     del sd
     step()
     rss.append(mapping_rss(ptrs))
-    res.update(state_rss=rss, state_bytes=full)
+    # every shared region of the host group (this rank's part): the parameters, the gradient buckets and the
+    # state slots themselves, nothing copied beside them
+    parts = sum(part for _, _, part in split.shards.shm._regions)
+    res.update(state_rss=rss, state_bytes=full, region_part_bytes=parts,
+               n_regions=len(split.shards.shm._regions),
+               param_bytes=sum(p.numel() * 4 for p in acc.unwrap_model(model).parameters()))
 else:
     e, = acc.strategy.engines
     ptr = [e.gshard.data_ptr()]
