@@ -16,6 +16,8 @@ from typing import Any, Mapping, Optional
 
 import torch
 
+from ..base.dtypes import select
+
 AUTO = "auto"
 
 # Field -> (kind, "auto" allowed, effect). kind: int | num | bool | stage | device | path | name | false | true |
@@ -85,7 +87,7 @@ SCHEDULERS = {"WarmupLR": {"warmup_min_lr": 0.0, "warmup_max_lr": None, "warmup_
                                  "cos_min_ratio": 0.0001, "warmup_type": "log", "last_batch_iteration": -1}}
 
 
-COMM_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "bfp16": torch.bfloat16}
+COMM_DTYPES = select(("fp32", "fp16", "bf16", "bfp16"))  # communication_data_type values (DeepSpeed's spellings)
 
 
 def communication_dtype(config: dict) -> Optional[torch.dtype]:
