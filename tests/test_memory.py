@@ -9,9 +9,12 @@
 # benchmarks/memory.py's (docs/sharding.md).
 # Not for: the windows' arithmetic (test_sharded_engine.py runs cases with ~1 KiB windows).
 import json
+import sys
 
 import pytest
 import torch
+
+from conftest import SCRIPTS
 
 PAGE_SLACK = 64 << 10
 
@@ -44,3 +47,19 @@ def test_what_a_prepared_run_holds(run, tmp_path, kind):
             assert r["staging"] <= 2 * (1 << 20) < r["biggest"], r
             freed, written, freed_again = r["gshard_rss"]
             assert freed == 0 and freed_again == 0 and written >= r["gshard_bytes"] // 2, r
+
+
+def test_a_page_buffer_gives_its_pages_back_and_reads_zeros():
+    from accelerate_c.base.pages import PageBuffer
+    sys.path.insert(0, SCRIPTS)
+    from memory_probe_util import mapping_rss
+    buf = PageBuffer(3 << 20, torch.float32)  # 12 MiB
+    t = buf.tensor
+    assert t.numel() == 3 << 20 and not t.any()
+    t.fill_(1.5)
+    assert mapping_rss([t.data_ptr()]) >= t.numel() * 4
+    buf.zero_()
+    assert mapping_rss([t.data_ptr()]) == 0 and not t.any()
+    t[7] = 2.0  # written again: memory again, the rest still zeros
+    assert t.sum().item() == 2.0
+    assert PageBuffer(0).tensor.numel() == 0

@@ -14,6 +14,11 @@ import torch
 HUGE = 2 << 20
 
 
+def available() -> bool:
+    """Whether this platform has what PageBuffer needs (POSIX anonymous private mappings and MADV_DONTNEED)."""
+    return all(hasattr(mmap, n) for n in ("MAP_PRIVATE", "MAP_ANONYMOUS", "MADV_DONTNEED"))
+
+
 class PageBuffer:
     def __init__(self, numel: int, dtype: torch.dtype = torch.float32) -> None:
         itemsize = torch.empty((), dtype=dtype).element_size()

@@ -319,9 +319,10 @@ class ShmGroup:
             if self.rank * part <= off and off + nbytes <= (self.rank + 1) * part:
                 a = -(-off // _PAGE) * _PAGE
                 b = (off + nbytes) // _PAGE * _PAGE
-                if b > a:
-                    mm.madvise(mmap.MADV_REMOVE, a, b - a)
-                return max(0, b - a)
+                if b <= a or not hasattr(mmap, "MADV_REMOVE"):  # (Linux; elsewhere the pages stay)
+                    return 0
+                mm.madvise(mmap.MADV_REMOVE, a, b - a)
+                return b - a
         raise ValueError("ShmGroup.discard: the tensor does not lie in this rank's part of a region from alloc()")
 
     def unmap_peers(self, t: torch.Tensor) -> None:

@@ -54,10 +54,11 @@ class ShardComm:
         return torch.zeros(numel, dtype=dtype, device=self.device)
 
     def alloc_pages(self, numel: int, dtype: torch.dtype = torch.float32) -> Any:
-        """A zeroed buffer whose memory zero_pages() gives back (base/pages.py) on CPU; None elsewhere."""
-        if self.device.type != "cpu":
+        """A zeroed CPU buffer whose pages its zero_() gives back (base/pages.py); None on a device or where the
+        platform has no anonymous private mappings with MADV_DONTNEED (then alloc() is used)."""
+        from ..base.pages import PageBuffer, available
+        if self.device.type != "cpu" or not available():
             return None
-        from ..base.pages import PageBuffer
         return PageBuffer(numel, dtype)
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: str = "avg") -> None:

@@ -20,22 +20,9 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from accelerate_c import Accelerator, DeepSpeedPlugin
+from memory_probe_util import mapping_rss
 
 kind, out = sys.argv[1], sys.argv[2]
-
-
-def mapping_rss(ptrs: list[int]) -> int:
-    """Resident bytes (smaps "Rss") of the mappings holding any of `ptrs`."""
-    total, hit = 0, False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and ":" not in head:
-                a, b = (int(x, 16) for x in head.split("-"))
-                hit = any(a <= p < b for p in ptrs)
-            elif head == "Rss:" and hit:
-                total += int(line.split()[1]) * 1024
-    return total
 
 
 torch.manual_seed(0)

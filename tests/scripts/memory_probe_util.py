@@ -1,0 +1,17 @@
+# tests/scripts/memory_probe_util.py: the resident bytes of the mappings holding given addresses (/proc/self/smaps),
+# for tests/scripts/memory_probe.py and tests/test_memory.py.
+# Not for: anything else.
+
+
+def mapping_rss(ptrs: list[int]) -> int:
+    """Resident bytes (smaps "Rss") of the mappings holding any of `ptrs`."""
+    total, hit = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                a, b = (int(x, 16) for x in head.split("-"))
+                hit = any(a <= p < b for p in ptrs)
+            elif head == "Rss:" and hit:
+                total += int(line.split()[1]) * 1024
+    return total
