@@ -12,13 +12,13 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 from typing import Any, Callable, Optional
 
 import torch
 
 from .runtime.state import AcceleratorState, GradientState, PartialState
 from .base.dataclasses import PrecisionType
+from .base import leftovers
 from .base.environment import are_libraries_initialized, patch_environment
 
 # Signals torch's elastic agent takes over in the caller while it runs; the ranks (forked from the caller)
@@ -162,7 +162,7 @@ def notebook_launcher(function: Callable, args: tuple = (), num_processes: Optio
         rdzv_conf["rank"] = node_rank
         rdzv_endpoint = rdzv_endpoint or f"{master_addr}:{use_port}"
     handlers = _caller_handlers()
-    log_dir = tempfile.mkdtemp(prefix="accelerate_c_notebook_")
+    log_dir = leftovers.make_launch_dir()  # named after this process: a SIGKILL's folder is reclaimed later
     config = LaunchConfig(min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=num_processes, run_id=rdzv_id,
                           rdzv_endpoint=rdzv_endpoint, rdzv_backend=rdzv_backend, rdzv_configs=rdzv_conf,
                           max_restarts=max_restarts, monitor_interval=monitor_interval, start_method="fork",
@@ -234,7 +234,7 @@ def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2)
     torch.multiprocessing's ProcessRaisedException (or ProcessExitedException) here."""
     from torch.multiprocessing import start_processes
 
-    rdv_dir = tempfile.mkdtemp(prefix="accelerate_c_debug_")
+    rdv_dir = leftovers.make_launch_dir()
     try:
         # gloo's default interface choice (by hostname) is unreliable on CI machines: pin it to loopback.
         with patch_environment(world_size=num_processes, local_world_size=num_processes, master_addr="127.0.0.1",

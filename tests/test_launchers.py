@@ -40,7 +40,11 @@ def single(tmp_path_factory):
 
 @pytest.mark.parametrize("mode", ["notebook", "debug"])
 def test_two_processes_match_one_process(mode, tmp_path, single):
-    log = _run(mode, tmp_path, ACCELERATE_DEBUG_MODE="true" if mode == "notebook" else "false")
+    tmpdir = tmp_path / "tmp"  # the launcher's folder (base/leftovers.py naming) lives here and is gone after
+    tmpdir.mkdir()
+    log = _run(mode, tmp_path, ACCELERATE_DEBUG_MODE="true" if mode == "notebook" else "false", TMPDIR=str(tmpdir),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "torch-cache"))
+    assert os.listdir(tmpdir) == [], os.listdir(tmpdir)
     ranks = [_load(tmp_path, mode, r) for r in range(2)]
     for r, rec in enumerate(ranks):
         assert (rec["rank"], rec["world"], rec["local"]) == (r, 2, r), (rec, log[-3000:])

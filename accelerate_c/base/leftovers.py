@@ -5,7 +5,8 @@
 # namespace, so a reused pid or another container's pid is never taken for the maker). The sweeps remove the
 # entries of this user whose maker is gone; an entry of a running maker, of another pid namespace, of another
 # user or of any other name is never touched. Callers: comm/shm_segments.py (the next group creation), the
-# launcher (at start and at the end of a job), `python -m accelerate_c cleanup`.
+# launcher (at start and at the end of a job), notebook_launcher / debug_launcher (their folders),
+# `python -m accelerate_c cleanup`.
 # Linux only (/proc); elsewhere every maker counts as running, so nothing is removed.
 # Not for: checkpoint temp folders (checkpointing/atomic.py), creating segments (comm/shm_segments.py).
 from __future__ import annotations
