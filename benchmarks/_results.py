@@ -1,13 +1,16 @@
-# benchmarks/_results.py: shared helpers for benchmark scripts: timing medians and appending a results
-# block (date, exact command, machine, table) to benchmarks/RESULTS.md.
+# benchmarks/_results.py: shared helpers for benchmark scripts: timing medians, running a multi-process worker
+# and reading each rank's JSON, and appending a results block (date, exact command, machine, table) to
+# benchmarks/RESULTS.md.
 # Not for: measurement logic (each benchmark owns its own).
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from typing import Callable
@@ -24,6 +27,20 @@ def median_time(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
+
+
+def run_ranks(kind: str, cmd: list[str], env: dict, cwd: str, out: str, nranks: int, timeout: float) -> list[dict]:
+    """Runs a launcher command whose ranks each write <out>.<rank>.json; their records, in rank order. A failed run
+    raises with the end of its output."""
+    p = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"{kind} run failed ({p.returncode}):\n{p.stdout[-4000:]}")
+    records = []
+    for r in range(nranks):
+        with open(f"{out}.{r}.json") as f:
+            records.append(json.load(f))
+    return records
 
 
 def command_line() -> str:

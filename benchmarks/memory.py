@@ -26,7 +26,6 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from _results import append_results  # noqa: E402
+from _results import append_results, run_ranks  # noqa: E402
 
 KINDS = ("torch_ddp", "torch_fsdp2", "torch_fsdp2_trim", "ddp", "z1", "z2", "z3", "fsdp")
 MiB = 1 << 20
@@ -222,11 +221,7 @@ def launch(kind: str, args, tmp: str) -> list[dict]:
     else:
         cmd = [sys.executable, "-m", "accelerate_c", "launch", "--cpu", "--num_processes", str(args.nproc),
                *script]
-    p = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=900)
-    if p.returncode != 0:
-        raise RuntimeError(f"{kind} run failed ({p.returncode}):\n{p.stdout[-4000:]}")
-    return [json.load(open(f"{out}.{r}.json")) for r in range(args.nproc)]
+    return run_ranks(kind, cmd, env, ROOT, out, args.nproc, 900)
 
 
 def _range(v: list[float]) -> str:

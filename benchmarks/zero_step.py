@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 from ddp_step import add_model_args, free_port, make_batches, make_model  # noqa: E402  (the same model and data)
-from _results import append_results  # noqa: E402
+from _results import append_results, run_ranks  # noqa: E402
 
 KINDS = ("ddp", "ddp_nosplit", "z1", "z2", "z3", "fsdp2", "local")
 BF16_KINDS = ("z1_bf16", "z1_bf16_torch", "z2_bf16", "z2_bf16_torch", "z3_bf16", "z3_bf16_torch")
@@ -134,11 +133,7 @@ def launch(kind: str, args, tmp: str) -> list[dict]:
     else:
         cmd = [sys.executable, "-m", "accelerate_c", "launch", "--cpu", "--num_processes", "2",
                "--main_process_port", str(free_port()), *script]
-    p = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=1800)
-    if p.returncode != 0:
-        raise RuntimeError(f"{kind} run failed ({p.returncode}):\n{p.stdout[-4000:]}")
-    return [json.load(open(f"{out}.{r}.json")) for r in range(2)]
+    return run_ranks(kind, cmd, env, ROOT, out, 2, 1800)
 
 
 def main() -> None:

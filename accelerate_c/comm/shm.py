@@ -297,49 +297,49 @@ class ShmGroup:
         # A storage of its own covering only this rank's bytes (torch.save of a view writes its whole storage).
         return torch.frombuffer(mm, dtype=dtype, count=int(numel), offset=self.rank * part)
 
+    def _locate(self, t: torch.Tensor, what: str) -> tuple[mmap.mmap, torch.Tensor, int, int]:
+        """(the map, the whole region, its bytes per part, t's byte offset inside this rank's part) of a tensor
+        from alloc() or a contiguous slice of one."""
+        ptr, nbytes = t.data_ptr(), t.numel() * t.element_size()
+        for mm, whole, part in self._regions:
+            off = ptr - whole.data_ptr() - self.rank * part
+            if 0 <= off and off + nbytes <= part:
+                return mm, whole, part, off
+        raise ValueError(f"ShmGroup.{what}: the tensor does not lie in this rank's part of a region from alloc()")
+
+    @staticmethod
+    def _whole_pages(start: int, nbytes: int) -> tuple[int, int]:
+        """The byte range of the whole pages inside [start, start + nbytes) of a map (empty: end <= begin)."""
+        return -(-start // _PAGE) * _PAGE, (start + nbytes) // _PAGE * _PAGE
+
     def parts(self, t: torch.Tensor) -> list[torch.Tensor]:
         """For a tensor from alloc() (or a contiguous slice of one): the same elements in every rank's part,
         indexed by group rank (entry `rank` is `t` itself). Peers' parts can be read and written directly;
         the caller orders such accesses (e.g. with barrier())."""
-        ptr, nbytes = t.data_ptr(), t.numel() * t.element_size()
-        for _mm, whole, part in self._regions:
-            off = ptr - whole.data_ptr() - self.rank * part
-            if 0 <= off and off + nbytes <= part:
-                return [whole[q * part + off:q * part + off + nbytes].view(t.dtype).view(t.shape)
-                        for q in range(self.size)]
-        raise ValueError("ShmGroup.parts: the tensor does not lie in this rank's part of a region from alloc()")
+        _mm, whole, part, off = self._locate(t, "parts")
+        nbytes = t.numel() * t.element_size()
+        return [whole[q * part + off:q * part + off + nbytes].view(t.dtype).view(t.shape) for q in range(self.size)]
 
     def discard(self, t: torch.Tensor) -> int:
         """Gives back to the system the whole pages of a slice `t` of this rank's part of an alloc() region (they
         read as zeros afterwards and take memory again only when written). Local, no collective: the caller knows
         nobody needs the values. Returns the bytes released."""
-        ptr, nbytes = t.data_ptr(), t.numel() * t.element_size()
-        for mm, whole, part in self._regions:
-            off = ptr - whole.data_ptr()
-            if self.rank * part <= off and off + nbytes <= (self.rank + 1) * part:
-                a = -(-off // _PAGE) * _PAGE
-                b = (off + nbytes) // _PAGE * _PAGE
-                if b <= a or not hasattr(mmap, "MADV_REMOVE"):  # (Linux; elsewhere the pages stay)
-                    return 0
-                mm.madvise(mmap.MADV_REMOVE, a, b - a)
-                return b - a
-        raise ValueError("ShmGroup.discard: the tensor does not lie in this rank's part of a region from alloc()")
+        mm, _whole, part, off = self._locate(t, "discard")
+        a, b = self._whole_pages(self.rank * part + off, t.numel() * t.element_size())
+        if b <= a or not hasattr(mmap, "MADV_REMOVE"):  # (Linux; elsewhere the pages stay)
+            return 0
+        mm.madvise(mmap.MADV_REMOVE, a, b - a)
+        return b - a
 
     def unmap_peers(self, t: torch.Tensor) -> None:
         """Drops from this process's page tables the pages of the peers' copies of `t` (a slice of this rank's part
         of an alloc() region) that reading them mapped here; their values stay (the peers own them), the next read
         maps them again. Local, no collective."""
-        ptr, nbytes = t.data_ptr(), t.numel() * t.element_size()
-        for mm, whole, part in self._regions:
-            off = ptr - whole.data_ptr() - self.rank * part
-            if 0 <= off and off + nbytes <= part:
-                for q in range(self.size):
-                    a = -(-(q * part + off) // _PAGE) * _PAGE
-                    b = (q * part + off + nbytes) // _PAGE * _PAGE
-                    if q != self.rank and b > a:
-                        mm.madvise(mmap.MADV_DONTNEED, a, b - a)
-                return
-        raise ValueError("ShmGroup.unmap_peers: the tensor does not lie in this rank's part of a region from alloc()")
+        mm, _whole, part, off = self._locate(t, "unmap_peers")
+        for q in range(self.size):
+            a, b = self._whole_pages(q * part + off, t.numel() * t.element_size())
+            if q != self.rank and b > a:
+                mm.madvise(mmap.MADV_DONTNEED, a, b - a)
 
     def host_group(self) -> "ShmGroup":
         """The shared-memory group of this host's ranks: this group."""

@@ -304,10 +304,8 @@ class ShardEngine:
                 self._fresh = [True] * len(self.units)
                 for e in self.entries:
                     set_raw_grad(e.param, None)
-            if getattr(self, "gshard_pages", None) is not None:  # its pages back until the next backward
-                self.gshard_pages.zero_()
-            elif hasattr(self, "gshard"):
-                self.gshard.zero_()
+            if hasattr(self, "gshard"):  # (a PageBuffer gives its pages back until the next backward writes them)
+                (self.gshard_pages or self.gshard).zero_()
             self.used.zero_()
             return
         for i in sorted(which):

@@ -66,7 +66,7 @@ def place_buffers(engine: Any) -> None:
         engine.gshard = (engine.gshard_pages.tensor if engine.gshard_pages is not None
                          else comm.alloc(engine.shard_numel, engine.rdt))
         # two staging windows: one packs while the previous one's reduce-scatter runs; a unit larger than a window
-        # goes through in pieces (engine._reduce), so they cost STAGING_BYTES each, not a unit each
+        # goes through in pieces (engine._reduce), so they cost staging_mb each, not a unit each
         biggest = max((u.padded for u in engine.units), default=0)
         engine.window = staging_window(getattr(engine.config, "staging_mb", 8.0), engine.world, engine.rdt.itemsize)
         size = min(biggest, engine.window * engine.world)
