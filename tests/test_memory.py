@@ -63,3 +63,29 @@ def test_a_page_buffer_gives_its_pages_back_and_reads_zeros():
     t[7] = 2.0  # written again: memory again, the rest still zeros
     assert t.sum().item() == 2.0
     assert PageBuffer(0).tensor.numel() == 0
+
+
+def test_low_precision_state_of_one_call_is_one_huge_page_mapping():
+    """The 8-bit and bf16 optimizer states created together come zeroed from one mapping marked for transparent huge
+    pages (the step streams them: small pages cost it a TLB miss per 4 KiB); fp32 state stays torch's."""
+    from accelerate_c.optim import lowbit
+    sys.path.insert(0, SCRIPTS)
+    from memory_probe_util import mapping_of
+    ps = [torch.zeros(1024, 1030), torch.zeros(999, 771), torch.zeros(4096), torch.zeros(10)]
+    states = lowbit.new_states([(ps[0], "8bit"), (ps[1], "bfloat16"), (ps[2], "8bit"), (ps[3], "float32")])
+    low = [t for st in states[:3] for t in st.values()]
+    assert [t.dtype for t in states[0].values()] == [torch.uint8, torch.uint8, torch.float32, torch.float32]
+    assert states[0]["exp_avg"].shape == ps[0].shape and states[0]["exp_avg_absmax"].numel() == -(-1024 * 1030 // 256)
+    assert states[1]["exp_avg_sq"].dtype == torch.bfloat16 and states[1]["exp_avg_sq"].shape == ps[1].shape
+    assert all(t.is_contiguous() and not t.any() and t.data_ptr() % 64 == 0 for t in low)
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in low)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # disjoint
+    start, end, flags = mapping_of(low[0].data_ptr())
+    assert all(start <= t.data_ptr() < end for t in low)
+    with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+        if "[never]" not in f.read():
+            assert "hg" in flags, flags  # MADV_HUGEPAGE
+    fp32 = states[3]["exp_avg"]
+    assert fp32.dtype == torch.float32 and not start <= fp32.data_ptr() < end
+    low[0].fill_(3)  # views of one buffer, written independently
+    assert not low[1].any()

@@ -89,6 +89,8 @@ def _adam_group_lists(opt: torch.optim.Optimizer, group: dict, low_precision_cop
     params, grads, ms, vs, maxs, steps, lps = [], [], [], [], [], [], []
     ams, avs, salt = [], [], []
     amsgrad = group["amsgrad"]
+    fresh = [(p, lowbit.layout_for(group, p)) for p in group["params"] if p.grad is not None and len(opt.state[p]) == 0]
+    made = {id(p): st for (p, _), st in zip(fresh, lowbit.new_states(fresh))}  # one mapping for the call's states
     for p in group["params"]:
         if p.grad is None:
             continue
@@ -97,7 +99,7 @@ def _adam_group_lists(opt: torch.optim.Optimizer, group: dict, low_precision_cop
         if len(state) == 0:
             state["step"] = (torch.zeros((), dtype=_get_scalar_dtype(is_fused=True), device=p.device)
                              if group.get("fused") else torch.tensor(0.0, dtype=_get_scalar_dtype()))
-            state.update(lowbit.new_state(p, layout))
+            state.update(made[id(p)])
             if amsgrad:
                 state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         elif layout != "float32" or lowbit.layout_of(state) != "float32":

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .. import _C
+from ..base.pages import huge_zeros
 
 QBLOCK = 256
 MIN_8BIT_SIZE = 4096
@@ -73,17 +74,34 @@ def dequantize(codes: torch.Tensor, absmax: torch.Tensor, signed: bool, num_thre
     return out
 
 
+def _low_keys(p: torch.Tensor, layout: str) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    if layout == "bfloat16":
+        return [("exp_avg", tuple(p.shape), torch.bfloat16), ("exp_avg_sq", tuple(p.shape), torch.bfloat16)]
+    nb = nblocks(p.numel())
+    return [("exp_avg", tuple(p.shape), torch.uint8), ("exp_avg_sq", tuple(p.shape), torch.uint8),
+            ("exp_avg_absmax", (nb,), torch.float32), ("exp_avg_sq_absmax", (nb,), torch.float32)]
+
+
+def new_states(items: list[tuple[torch.Tensor, str]]) -> list[dict]:
+    """Zero exp_avg / exp_avg_sq (and block scales) for each (p, layout), the step counter being the caller's.
+    fp32 state is torch's (zeros_like, the param's memory format); the low-precision states of one call share one
+    huge-page mapping (base/pages.huge_zeros: the kernel streams them every step, and small pages would cost it a
+    TLB miss per 4 KiB)."""
+    low = [(i, _low_keys(p, layout)) for i, (p, layout) in enumerate(items) if layout != "float32"]
+    tensors = iter(huge_zeros([(shape, dt) for _, keys in low for _, shape, dt in keys]))
+    out: list = [None] * len(items)
+    for i, keys in low:
+        out[i] = {k: next(tensors) for k, _, _ in keys}
+    for i, (p, layout) in enumerate(items):
+        if layout == "float32":
+            out[i] = {"exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                      "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+    return out
+
+
 def new_state(p: torch.Tensor, layout: str) -> dict:
     """Zero exp_avg / exp_avg_sq for p in `layout` (the step counter is the caller's)."""
-    if layout == "float32":
-        return {"exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
-    if layout == "bfloat16":
-        return {"exp_avg": torch.zeros(p.shape, dtype=torch.bfloat16),
-                "exp_avg_sq": torch.zeros(p.shape, dtype=torch.bfloat16)}
-    nb = nblocks(p.numel())
-    return {"exp_avg": torch.zeros(p.shape, dtype=torch.uint8), "exp_avg_sq": torch.zeros(p.shape, dtype=torch.uint8),
-            "exp_avg_absmax": torch.zeros(nb), "exp_avg_sq_absmax": torch.zeros(nb)}
+    return new_states([(p, layout)])[0]
 
 
 def _fp32_moments(state: dict, layout: str) -> tuple[torch.Tensor, torch.Tensor]:

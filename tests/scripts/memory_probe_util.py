@@ -1,5 +1,5 @@
-# tests/scripts/memory_probe_util.py: the resident bytes of the mappings holding given addresses (/proc/self/smaps),
-# for tests/scripts/memory_probe.py and tests/test_memory.py.
+# tests/scripts/memory_probe_util.py: the resident bytes of the mappings holding given addresses, and the mapping
+# holding one address with its VmFlags (/proc/self/smaps), for tests/scripts/memory_probe.py and tests/test_memory.py.
 # Not for: anything else.
 
 
@@ -15,3 +15,17 @@ def mapping_rss(ptrs: list[int]) -> int:
             elif head == "Rss:" and hit:
                 total += int(line.split()[1]) * 1024
     return total
+
+
+def mapping_of(ptr: int) -> tuple[int, int, list[str]]:
+    """(start, end, VmFlags) of the mapping holding `ptr`."""
+    found = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                a, b = (int(x, 16) for x in head.split("-"))
+                found = (a, b) if a <= ptr < b else None
+            elif head == "VmFlags:" and found:
+                return found[0], found[1], line.split()[1:]
+    raise LookupError(f"no mapping holds {ptr:#x}")
