@@ -23,6 +23,7 @@ _LAZY = {
     "synchronize_rng_states": ".utils.random",
     "find_executable_batch_size": ".utils.memory",
     "FullyShardedDataParallelPlugin": ".utils", "DeepSpeedPlugin": ".utils",
+    "ParallelismConfig": ".parallelism_config",
     "notebook_launcher": ".launchers", "debug_launcher": ".launchers",
 }
 
@@ -47,6 +48,6 @@ def __dir__() -> list:
 __all__ = ["Accelerator", "AcceleratorState", "AutocastKwargs", "DDPCommunicationHookType", "DataLoaderConfiguration",
            "DeepSpeedPlugin", "FullyShardedDataParallelPlugin",
            "DistributedDataParallelKwargs", "DistributedType", "FP8RecipeKwargs", "GradScalerKwargs",
-           "GradientAccumulationPlugin", "GradientState", "InitProcessGroupKwargs", "PartialState",
+           "GradientAccumulationPlugin", "GradientState", "InitProcessGroupKwargs", "ParallelismConfig", "PartialState",
            "ProfileKwargs", "ProjectConfiguration", "debug_launcher", "find_executable_batch_size",
            "notebook_launcher", "skip_first_batches", "synchronize_rng_states"]

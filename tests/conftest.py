@@ -55,13 +55,15 @@ def clean_state():
         reset_state(m)
 
 
-_PLUGIN_VARS = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "FSDP_", "ACCELERATE_DEEPSPEED_")
+_PLUGIN_VARS = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "FSDP_", "ACCELERATE_DEEPSPEED_",
+                "ACCELERATE_USE_MEGATRON_LM", "MEGATRON_LM_", "ACCELERATE_USE_PARALLELISM_CONFIG", "PARALLELISM_CONFIG_")
 
 
 @pytest.fixture(autouse=True)
 def _restore_plugin_env():
-    """An Accelerator given a sharding plugin sets ACCELERATE_USE_FSDP / _DEEPSPEED (as HF does): put the
-    environment back after each test, so a later in-process Accelerator() is not silently sharded."""
+    """An Accelerator given a sharding plugin or a MegatronLMPlugin sets ACCELERATE_USE_FSDP / _DEEPSPEED /
+    _MEGATRON_LM (as HF does): put the environment back after each test, so a later in-process Accelerator() is not
+    silently sharded or given a Megatron-LM layout (HF's Accelerator would ask for Megatron-LM)."""
     before = {k: v for k, v in os.environ.items() if k.startswith(_PLUGIN_VARS)}
     yield
     for k in [k for k in os.environ if k.startswith(_PLUGIN_VARS)]:

@@ -238,13 +238,13 @@ def test_probes_with_fsdp_plugin_match_hf(monkeypatch):
     assert ours == hf and ours["acc.is_fsdp2"] == ("value", False)
 
 
-def test_unset_plugins_are_none_and_tensor_parallel_still_refused():
+def test_unset_plugins_are_none_and_bad_parallel_objects_refused():
     import accelerate_c
     acc = accelerate_c.Accelerator(cpu=True)
     assert acc.state.fsdp_plugin is None and acc.state.megatron_lm_plugin is None
     reset_state("accelerate_c")
-    for kwarg in ("megatron_lm_plugin", "parallelism_config"):
-        with pytest.raises(NotImplementedError, match="not supported yet"):
+    for kwarg, cls in (("megatron_lm_plugin", "MegatronLMPlugin"), ("parallelism_config", "ParallelismConfig")):
+        with pytest.raises(TypeError, match=f"must be a {cls} object"):
             accelerate_c.Accelerator(cpu=True, **{kwarg: object()})
         reset_state("accelerate_c")
 

@@ -28,7 +28,7 @@ GUARD_S = 120  # a CLI run here ends before any rank starts; only a hang gets to
 def _bomb(levels: int, size: int) -> str:
     """The classic alias bomb (9 aliases per level, 9**levels strings once expanded) under a free-form block,
     padded with a comment to exactly `size` bytes (the issue's files were 387 and 595 bytes)."""
-    lines = ["use_cpu: true", "megatron_lm_config:", '  a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines = ["use_cpu: true", "mpirun_config:", '  a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
     names = "abcdefghijklmnop"
     lines += [f"  {names[i + 1]}: &{names[i + 1]} [" + ",".join([f"*{names[i]}"] * 9) + "]" for i in range(levels)]
     text = "\n".join(lines) + "\n"
@@ -95,19 +95,20 @@ def test_alias_bomb_launch_exits_2_before_any_rank(tmp_path):
 
 def test_aliases_within_the_limits_still_work(tmp_path):
     text = ("use_cpu: true\nmegatron_lm_config: &m {megatron_lm_tp_degree: 2, megatron_lm_pp_degree: 1}\n"
-            "parallelism_config: {<<: *m, extra: [*m, *m]}\nfp8_config: {}\n")
+            "mpirun_config: {<<: *m, extra: [*m, *m]}\nfp8_config: {}\n")
     cfg = load_config(_write(tmp_path, text))
-    assert cfg.parallelism_config == yaml.safe_load(text)["parallelism_config"]
-    assert cfg.parallelism_config["extra"][1] == {"megatron_lm_tp_degree": 2, "megatron_lm_pp_degree": 1}
+    assert cfg.mpirun_config == yaml.safe_load(text)["mpirun_config"]
+    assert cfg.mpirun_config["extra"][1] == {"megatron_lm_tp_degree": 2, "megatron_lm_pp_degree": 1}
+    assert cfg.megatron_lm_config == {"megatron_lm_tp_degree": 2, "megatron_lm_pp_degree": 1}
 
 
 @pytest.mark.parametrize("text,what", [
     ("a: &a [1, *a]\n", "recursive structure"),
-    ("megatron_lm_config: " + "[" * 200_000 + "\n", "nested more than 32 levels"),
-    ("megatron_lm_config:\n  x: " + "{a: " * 40 + "1" + "}" * 40 + "\n", "nested more than 32 levels"),
-    ("megatron_lm_config:\n  x: &x " + "[" * 20 + "1" + "]" * 20 + "\n  y: " + "[" * 20 + "*x" + "]" * 20 + "\n",
+    ("mpirun_config: " + "[" * 200_000 + "\n", "nested more than 32 levels"),
+    ("mpirun_config:\n  x: " + "{a: " * 40 + "1" + "}" * 40 + "\n", "nested more than 32 levels"),
+    ("mpirun_config:\n  x: &x " + "[" * 20 + "1" + "]" * 20 + "\n  y: " + "[" * 20 + "*x" + "]" * 20 + "\n",
      "aliases expanded"),
-    ("megatron_lm_config:\n  s: &s " + "x" * 100_000 + "\n  t: [" + ",".join(["*s"] * 20) + "]\n",
+    ("mpirun_config:\n  s: &s " + "x" * 100_000 + "\n  t: [" + ",".join(["*s"] * 20) + "]\n",
      "1_048_576 characters"),
     ("- a\n- b\n", "must be a mapping"),
     ("just text\n", "must be a mapping"),
@@ -119,10 +120,10 @@ def test_bad_yaml_shapes_are_named(tmp_path, text, what):
 
 def test_json_config_nesting_and_size(tmp_path):
     with pytest.raises(ConfigError, match="nested more than 32 levels"):
-        load_config(_write(tmp_path, '{"megatron_lm_config": ' + "[" * 200_000 + "]" * 200_000 + "}", "c.json"))
+        load_config(_write(tmp_path, '{"mpirun_config": ' + "[" * 200_000 + "]" * 200_000 + "}", "c.json"))
     with pytest.raises(ConfigError, match="nested more than 32 levels"):
-        load_config(_write(tmp_path, '{"megatron_lm_config": ' + "[" * 40 + "]" * 40 + "}", "c.json"))
-    big = json.dumps({"megatron_lm_config": {"x": "y" * (yaml_safe.MAX_BYTES + 1)}})
+        load_config(_write(tmp_path, '{"mpirun_config": ' + "[" * 40 + "]" * 40 + "}", "c.json"))
+    big = json.dumps({"mpirun_config": {"x": "y" * (yaml_safe.MAX_BYTES + 1)}})
     with pytest.raises(ConfigError, match="larger than 1_048_576 bytes"):
         load_config(_write(tmp_path, big, "c.json"))
     assert load_config(_write(tmp_path, '{"num_processes": 2, "use_cpu": true}', "ok.json")).num_processes == 2
@@ -358,7 +359,7 @@ def test_bad_setting_launch_exits_2_before_any_rank(tmp_path):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's per-variable limit")
 def test_config_too_large_for_the_ranks_environment_is_named(two_cores):
     """Within the file limits (under 10_000 nodes, 1 MiB of text) but over what one variable of exec() holds."""
-    path = _write(two_cores, "use_cpu: true\nmegatron_lm_config:\n  blob: " + "x" * 200_000 + "\n")
+    path = _write(two_cores, "use_cpu: true\nmpirun_config:\n  blob: " + "x" * 200_000 + "\n")
     with pytest.raises(ConfigError, match=re.escape(f"environment variable {settings.var('CONFIG')} for the ranks "
                                                     "would be")) as e:
         launch.resolve_config(parse(["--config_file", path, "x.py"]))

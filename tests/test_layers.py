@@ -16,7 +16,7 @@ LAYERS = [
     ("facade", ["accelerate_c", "accelerate_c.__main__", "accelerate_c.accelerator", "accelerate_c.facade",
                 "accelerate_c.launchers", "accelerate_c.commands", "accelerate_c.optimizer", "accelerate_c.scheduler",
                 "accelerate_c.data_loader", "accelerate_c.utils", "accelerate_c.state", "accelerate_c.logging",
-                "accelerate_c.ops"]),
+                "accelerate_c.ops", "accelerate_c.parallelism_config"]),
     ("strategies", ["accelerate_c.strategies"]),
     ("engines", ["accelerate_c.sharding", "accelerate_c.ddp", "accelerate_c.checkpointing", "accelerate_c.data",
                  "accelerate_c.tracking"]),
@@ -28,9 +28,9 @@ LAYERS = [
 ]
 # HF's import paths kept as faces (the module object of the real code): never imported from inside
 FACES = {"accelerate_c.accelerator", "accelerate_c.state", "accelerate_c.logging", "accelerate_c.ops",
-         "accelerate_c.utils"}
+         "accelerate_c.utils", "accelerate_c.parallelism_config"}
 # modules allowed at the top of the package besides HF's top-level names
-HF_TOP = {"accelerator", "state", "optimizer", "scheduler", "data_loader", "logging", "launchers"}
+HF_TOP = {"accelerator", "state", "optimizer", "scheduler", "data_loader", "logging", "launchers", "parallelism_config"}
 MAX_OTHER_TOP = 3
 
 

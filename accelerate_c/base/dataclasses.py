@@ -1,5 +1,7 @@
 # accelerate_c/base/dataclasses.py: the configuration dataclasses and enums of the public API, under
 # HF Accelerate's names and with its fields and defaults (so scripts written for HF run unchanged).
+# HF's MegatronLMPlugin and the parallel handlers live in megatron_plugin.py / parallel_handlers.py and are named
+# here too (HF's `accelerate.utils.dataclasses` path).
 # Not for: kwargs handlers (utils/kwargs_handlers.py) or behaviour; these are plain data.
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .megatron_plugin import MegatronLMPlugin  # noqa: F401  (HF's import path: accelerate.utils.dataclasses)
+from .parallel_handlers import (DeepSpeedSequenceParallelConfig, TorchContextParallelConfig,  # noqa: F401
+                                TorchTensorParallelConfig, TorchTensorParallelPlugin)
 from .settings import hf_bool
 
 

@@ -19,12 +19,14 @@ import yaml
 from ..base import settings
 from . import yaml_safe
 from .config_blocks import BLOCKS as _BASE_BLOCKS, DynamoConfig, FP8Config, env_str as _env_str, setting as _opt
+from .config_parallel import MegatronBlock, ParallelismBlock
 from .config_sharding import DeepSpeedBlock, FSDPBlock
 # (ARG_TYPES, ConfigError, parse_answer, parse_rdzv_conf, _parse_bool: re-exported for the commands)
 from .config_values import (ARG_TYPES, MAX_MACHINES, MAX_PROCESSES, MAX_RESTARTS, MAX_THREADS, OVERSUBSCRIBE_FACTOR,
                             ConfigError, _build, _check, _default, _parse_bool, parse_answer, parse_rdzv_conf)
 
-BLOCKS = {**_BASE_BLOCKS, "fsdp_config": FSDPBlock, "deepspeed_config": DeepSpeedBlock}
+BLOCKS = {**_BASE_BLOCKS, "fsdp_config": FSDPBlock, "deepspeed_config": DeepSpeedBlock,
+          "parallelism_config": ParallelismBlock, "megatron_lm_config": MegatronBlock}
 
 # HF's DistributedType values: all are accepted in a file; the launcher runs every one of them
 # through torch's elastic agent (except XLA, which needs torch_xla).
@@ -46,7 +48,11 @@ class ClusterConfig:
                                            "--use_fsdp": ("FSDP", "fully sharded data parallelism (the --fsdp_* "
                                                           "flags / fsdp_config; CPU processes shard too)"),
                                            "--use_deepspeed": ("DEEPSPEED", "DeepSpeed ZeRO on accelerate_c's "
-                                                               "engine (deepspeed_config; no DeepSpeed needed)")})
+                                                               "engine (deepspeed_config; no DeepSpeed needed)"),
+                                           "--use_megatron_lm": ("MEGATRON_LM", "Megatron-LM's tensor/pipeline "
+                                                                 "layout on accelerate_c's engines (the "
+                                                                 "--megatron_lm_* flags / megatron_lm_config; no "
+                                                                 "Megatron-LM needed)")})
     mixed_precision: str = _opt("no", "str", "mixed precision", choices=MIXED_PRECISION,
                                 env="ACCELERATE_MIXED_PRECISION", flag="--mixed_precision",
                                 question="Mixed precision")
@@ -79,8 +85,10 @@ class ClusterConfig:
     fp8_config: dict = _opt({}, "dict", "FP8 recipe (see FP8Config)")
     deepspeed_config: dict = _opt({}, "dict", "DeepSpeed/ZeRO settings (see DeepSpeedBlock; docs/sharding_config.md)")
     fsdp_config: dict = _opt({}, "dict", "FSDP settings (see FSDPBlock; docs/sharding_config.md)")
-    parallelism_config: dict = _opt({}, "dict", "parallelism sizes (read by the parallelism config)")
-    megatron_lm_config: dict = _opt({}, "dict", "Megatron-LM settings (read by the TP/PP strategies)")
+    parallelism_config: dict = _opt({}, "dict", "parallel sizes (see ParallelismBlock; docs/parallelism.md); a block "
+                                    "that is not empty is used as --use_parallelism_config")
+    megatron_lm_config: dict = _opt({}, "dict", "Megatron-LM settings, read with distributed_type MEGATRON_LM (see "
+                                    "MegatronBlock; docs/parallelism.md)")
     mpirun_config: dict = _opt({}, "dict", "mpirun settings (not used: accelerate_c needs no MPI)")
     dynamo_config: dict = _opt({}, "dict", "torch.compile settings (see DynamoConfig)")
     downcast_bf16: bool = _opt(False, "bool", "TPU only: downcast to bf16", env="ACCELERATE_DOWNCAST_BF16")
@@ -107,6 +115,9 @@ class ClusterConfig:
                                                    "the variable when set, else cores / local processes)",
                                                    env="OMP_NUM_THREADS", flag="--num_cpu_threads_per_process",
                                                    ext=True, bounds=(1, MAX_THREADS))
+    use_parallelism_config: bool = _opt(False, "bool", "hand the ranks the parallelism_config block (PARALLELISM_"
+                                        "CONFIG_*; HF's flag; also implied by a non-empty block or a "
+                                        "--parallelism_config_* flag)", flag="--use_parallelism_config", ext=True)
     max_restarts: int = _opt(0, "int", "restarts of the whole local group after a failure",
                              flag="--max_restarts", ext=True, bounds=(0, MAX_RESTARTS))
     monitor_interval: float = _opt(0.1, "float", "seconds between health checks of the ranks",
@@ -171,6 +182,11 @@ class ClusterConfig:
         if self.mixed_precision == "fp8":
             out.update(self.fp8().env())
         out.update(self.dynamo().env())  # always, as HF does (backend NO when not configured)
+        if self.use_parallelism_config or self.parallelism_config:  # HF: PARALLELISM_CONFIG_*
+            out["ACCELERATE_USE_PARALLELISM_CONFIG"] = "true"
+            out.update(self.block("parallelism_config").env())
+        if self.distributed_type == "MEGATRON_LM":  # HF: MEGATRON_LM_* (ACCELERATE_USE_MEGATRON_LM above)
+            out.update(self.block("megatron_lm_config").env())
         if self.distributed_type == "FSDP":  # HF's launcher: the FSDP_* variables, its defaults included
             out.update(self.block("fsdp_config").env())
         elif self.distributed_type == "DEEPSPEED":

@@ -2,8 +2,9 @@
 # type and bounds are ClusterConfig's, checked as the file is read): the machine can take the ranks (local
 # processes x threads per process <= OVERSUBSCRIBE_FACTOR x the cores, unless allow_oversubscribe), every
 # ACCELERATE_C_* variable in the environment is valid (the table of base/settings.py), the FSDP / DeepSpeed
-# settings (and the DeepSpeed JSON file) pass the plugins' own validation, run here exactly as each rank will run
-# it, and the ranks' environment fits what exec() accepts. Each failure is a ConfigError naming the key or
+# settings (and the DeepSpeed JSON file) and the parallel layout (ParallelismConfig / MegatronLMPlugin against
+# num_processes) pass the faces' own validation, run here exactly as each rank will run it, and the ranks'
+# environment fits what exec() accepts. Each failure is a ConfigError naming the key or
 # variable, the value and the rule; `launch` exits with code 2.
 # Not for: per-key types and bounds (config_args.py), reading files (yaml_safe.py), the launch itself (launch.py).
 from __future__ import annotations
@@ -101,7 +102,9 @@ def _ranks_environ(env: Mapping[str, str]) -> Iterator[None]:
 def check_plugins(cfg: ClusterConfig) -> None:
     """distributed_type FSDP / DEEPSPEED: the plugin each rank's Accelerator builds from the launcher's variables
     (FullyShardedDataParallelPlugin / DeepSpeedPlugin, whose __post_init__ validates every value, and the DeepSpeed
-    JSON file against the schema of what accelerate_c implements), built here first from the same variables."""
+    JSON file against the schema of what accelerate_c implements), built here first from the same variables; then
+    the parallel layout (check_layout)."""
+    check_layout(cfg)
     if cfg.distributed_type not in ("FSDP", "DEEPSPEED"):
         return
     key = "fsdp_config" if cfg.distributed_type == "FSDP" else "deepspeed_config"
@@ -119,6 +122,27 @@ def check_plugins(cfg: ClusterConfig) -> None:
         except (ValueError, TypeError, NotImplementedError) as exc:  # DeepSpeedConfigError is a ValueError
             raise ConfigError(f"config key `{key}` (distributed_type {cfg.distributed_type}), as every rank would "
                               f"read it: {exc}") from None
+
+
+def check_layout(cfg: ClusterConfig) -> None:
+    """The ParallelismConfig / MegatronLMPlugin every rank would build from the launcher's variables, and the layout
+    they ask for against num_processes (HF's error when the sizes' product is not the number of processes; what
+    accelerate_c does not implement), decided here first."""
+    uses_pc = cfg.use_parallelism_config or bool(cfg.parallelism_config)
+    if not uses_pc and cfg.distributed_type != "MEGATRON_LM":
+        return
+    key = "parallelism_config" if uses_pc else "megatron_lm_config"
+    with _ranks_environ(cfg.env()):
+        try:
+            from ..base.megatron_plugin import MegatronLMPlugin
+            from ..base.parallelism_config import ParallelismConfig
+            from ..runtime.layout_build import decide
+
+            pc = ParallelismConfig() if uses_pc else None
+            mp = MegatronLMPlugin() if cfg.distributed_type == "MEGATRON_LM" else None
+            decide(pc, mp, cfg.num_processes, cfg.distributed_type)
+        except (ValueError, TypeError, NotImplementedError) as exc:
+            raise ConfigError(f"config key `{key}`, as every rank would read it: {exc}") from None
 
 
 def _check_deepspeed_file(path: str | None) -> None:

@@ -152,7 +152,9 @@ _END = _End()
 
 class DataLoaderDispatcher(_SkippableIndexSampler, ResumableMixin, DataLoaderStateMixin, DataLoader):
     """Process 0 iterates the wrapped loader, concatenates num_processes batches (or takes one with
-    split_batches), broadcasts the result and every process keeps its slice."""
+    split_batches), broadcasts the result and every process keeps its slice. num_processes and the slice index are
+    the data-parallel ones prepare_data_loader sharded with (`_data_ranks`): the ranks of a TP group keep the same
+    slice."""
 
     def __init__(self, dataset: Any, split_batches: bool = False, skip_batches: int = 0,
                  use_stateful_dataloader: bool = False, _drop_last: bool = False, _non_blocking: bool = False,
@@ -171,8 +173,13 @@ class DataLoaderDispatcher(_SkippableIndexSampler, ResumableMixin, DataLoaderSta
         self.iteration = iteration
         self._stop_iteration = False
 
+    def _data_ranks(self) -> tuple[int, int]:
+        """(number of data-parallel ranks, this rank's index among them): prepare_data_loader's, else the world's."""
+        return (getattr(self, "_num_processes_for_state", self.state.num_processes),
+                getattr(self, "_process_index_for_state", self.state.process_index))
+
     def _sampler_units(self) -> int:
-        return 1 if self.split_batches else self.state.num_processes
+        return 1 if self.split_batches else self._data_ranks()[0]
 
     def _fetch_batches(self, iterator: Any) -> tuple:
         batches, batch = [], None
@@ -181,7 +188,7 @@ class DataLoaderDispatcher(_SkippableIndexSampler, ResumableMixin, DataLoaderSta
                 if self.split_batches:
                     batch = next(iterator)
                 else:
-                    for _ in range(self.state.num_processes):
+                    for _ in range(self._data_ranks()[0]):
                         batches.append(next(iterator))
                     try:
                         batch = concatenate(batches, dim=0)
@@ -211,7 +218,8 @@ class DataLoaderDispatcher(_SkippableIndexSampler, ResumableMixin, DataLoaderSta
     def __iter__(self) -> Iterator[Any]:
         resume = self._take_resume()
         sampler_skip, discard = self._begin_epoch(resume)
-        n, rank = self.state.num_processes, self.state.process_index
+        n, dp_rank = self._data_ranks()
+        rank = self.state.process_index  # process 0 fetches and broadcasts; dp_rank picks the slice
         self._stop_iteration = False
         # A resumed epoch re-reads its first batch (not yielded): it pads the epoch's short last batch.
         keep = self._sampler_units() if sampler_skip and not self._drop_last else 0
@@ -222,7 +230,7 @@ class DataLoaderDispatcher(_SkippableIndexSampler, ResumableMixin, DataLoaderSta
                 first, info = self._fetch_batches(main_iterator)
                 first = broadcast(send_to_device(first if rank == 0 else initialize_tensors(info[0]),
                                                  self.state.device, non_blocking=self._non_blocking), from_process=0)
-                first_batch = self.slice_fn(first, slice(0, n), process_index=rank, num_processes=n)
+                first_batch = self.slice_fn(first, slice(0, n), process_index=dp_rank, num_processes=n)
             next_batch, next_info = self._fetch_batches(main_iterator)
         stop = False
         index = 0
@@ -234,7 +242,7 @@ class DataLoaderDispatcher(_SkippableIndexSampler, ResumableMixin, DataLoaderSta
             batch = broadcast(batch, from_process=0)
             if not self._drop_last and first_batch is None:
                 # keep num_processes samples of the first batch to complete a short last batch
-                first_batch = self.slice_fn(batch, slice(0, n), process_index=rank, num_processes=n)
+                first_batch = self.slice_fn(batch, slice(0, n), process_index=dp_rank, num_processes=n)
             if batch is None:
                 raise ValueError(f"Batch does not contain any data (`{batch}`). At the end of all iterable data "
                                  "available before expected stop iteration.")
@@ -248,8 +256,8 @@ class DataLoaderDispatcher(_SkippableIndexSampler, ResumableMixin, DataLoaderSta
             if not self._drop_last and stop and observed % n != 0:
                 batch = concatenate([batch, first_batch], dim=0)
                 per_rank += 1
-            batch = self.slice_fn(batch, slice(rank * per_rank, (rank + 1) * per_rank), process_index=rank,
-                                  num_processes=n)
+            batch = self.slice_fn(batch, slice(dp_rank * per_rank, (dp_rank + 1) * per_rank),
+                                  process_index=dp_rank, num_processes=n)
             if stop:
                 self.end_of_dataloader = True
                 self.remainder = observed
@@ -273,8 +281,8 @@ class DataLoaderDispatcher(_SkippableIndexSampler, ResumableMixin, DataLoaderSta
         if self.split_batches:
             return whole
         if self._drop_last:
-            return whole // self.state.num_processes
-        return math.ceil(whole / self.state.num_processes)
+            return whole // self._data_ranks()[0]
+        return math.ceil(whole / self._data_ranks()[0])
 
     @property
     def total_batch_size(self) -> int:

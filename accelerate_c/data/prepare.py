@@ -53,8 +53,7 @@ def prepare_data_loader(dataloader: DataLoader, device: Optional[torch.device] =
     if dispatch_batches and not put_on_device:
         raise ValueError("Using `dispatch_batches=True` requires `put_on_device=True`.")
     state = PartialState()
-    num_processes = state.num_processes if num_processes is None else num_processes
-    process_index = state.process_index if process_index is None else process_index
+    num_processes, process_index = _data_ranks(state, num_processes, process_index, torch_device_mesh)
 
     if split_batches:
         _check_split_batches(dataloader, num_processes)
@@ -117,6 +116,22 @@ def prepare_data_loader(dataloader: DataLoader, device: Optional[torch.device] =
     new_dl._num_processes_for_state = num_processes
     new_dl._process_index_for_state = process_index
     return new_dl
+
+
+def _data_ranks(state: Any, num_processes: Optional[int], process_index: Optional[int],
+                mesh: Any) -> tuple[int, int]:
+    """(number of data-parallel ranks, this rank's index among them): the given ones (the Accelerator passes its
+    layout's, which also hold with a pipeline dimension), else the world's; with a DeviceMesh, HF's rule: the
+    ranks of a "tp" (and "cp") group read the same batch (tp innermost, then cp; only "tp" under DeepSpeed)."""
+    num_processes = state.num_processes if num_processes is None else num_processes
+    process_index = state.process_index if process_index is None else process_index
+    if not mesh:
+        return num_processes, process_index
+    names = mesh.mesh_dim_names or ()
+    size = {n: mesh[n].size() if n in names else 1 for n in ("tp", "cp", "dp_replicate", "dp_shard")}
+    if state.distributed_type == DistributedType.DEEPSPEED:
+        return num_processes // size["tp"], process_index // size["tp"]
+    return size["dp_shard"] * size["dp_replicate"], process_index // (size["tp"] * size["cp"])
 
 
 def _seedable(sampler: RandomSampler, data_seed: Optional[int]) -> SeedableRandomSampler:

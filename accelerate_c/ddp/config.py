@@ -1,5 +1,6 @@
 # accelerate_c/ddp/config.py: the configuration objects of the strategies, each read once from its sources
-# (`from_sources`): StrategyConfig (what every strategy reads: fused optimizer, DeepSpeed's gradient clipping)
+# (`from_sources`): StrategyConfig (what every strategy reads: fused optimizer, DeepSpeed's or Megatron-LM's
+# gradient clipping)
 # and DDPConfig (both data-parallel strategies: DistributedDataParallelKwargs, then ACCELERATE_C_* through
 # base/settings.py); the sharded engine's ShardedConfig extends DDPConfig (sharding/config.py).
 # Here, below the strategies, so that the engines they configure read them without importing a strategy.
@@ -27,7 +28,7 @@ class StrategyConfig:
     Subclasses add their fields and extend `_fields`; `env` None is os.environ."""
 
     fused_optimizer: bool = True  # ACCELERATE_C_FUSED_OPTIMIZER: optimizer steps on the fused C kernels
-    gradient_clipping: Optional[float] = None  # DeepSpeed's gradient_clipping: applied in every strategy's step
+    gradient_clipping: Optional[float] = None  # DeepSpeed's / Megatron-LM's gradient_clipping: applied in every step
 
     @classmethod
     def from_sources(cls, handlers: Optional[Mapping[str, Any]] = None,
@@ -39,6 +40,9 @@ class StrategyConfig:
     def _fields(cls, handlers: Mapping[str, Any], env: Optional[Mapping[str, str]]) -> dict[str, Any]:
         fields: dict[str, Any] = {"fused_optimizer": settings.get("FUSED_OPTIMIZER", env)}
         fields.update(deepspeed_face(handlers.get("DeepSpeedPlugin")).config_fields())
+        megatron = handlers.get("MegatronLMPlugin")  # (never with DeepSpeed: the layout refuses the pair)
+        if megatron is not None and megatron.clip_norm:
+            fields["gradient_clipping"] = megatron.clip_norm
         return fields
 
     def with_deepspeed_json(self, config: Mapping[str, Any]) -> "StrategyConfig":

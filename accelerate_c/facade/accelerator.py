@@ -16,11 +16,13 @@ from .. import _C
 from .checkpoint_api import CheckpointAPI
 from ..optimizer import AcceleratedOptimizer
 from ..precision import make_precision
+from .parallel import apply_model_parallelism, parallel_plugins
 from .plugins import sharding_plugins
 from .probes import AcceleratorProbes
 from .run_properties import RunProperties
 from .process_api import ProcessAPI
 from ..scheduler import AcceleratedScheduler
+from ..runtime.layout_build import build_layout
 from ..runtime.state import AcceleratorState, GradientState
 from ..strategies import StrategyContext, select_strategy
 from .tracking_api import TrackingAPI
@@ -31,15 +33,6 @@ from ..runtime.memory import give_back_freed_memory, release_memory
 from ..runtime.models import compile_model, extract_model_from_parallel
 
 _UNSET = object()
-
-
-def _refuse_unsupported(megatron_lm_plugin: Any, tensor_parallel: Any) -> None:
-    unsupported = {"megatron_lm_plugin": megatron_lm_plugin or settings.env_flag("ACCELERATE_USE_MEGATRON_LM"),
-                   "torch_tp_plugin / parallelism_config": tensor_parallel}
-    for name, given in unsupported.items():
-        if given:
-            raise NotImplementedError(f"accelerate_c: {name} is not supported yet (tensor and pipeline "
-                                      "parallelism are on the roadmap); use data parallelism or sharding")
 
 
 def _handlers_by_name(kwargs_handlers: Optional[list]) -> dict[str, KwargsHandler]:
@@ -85,7 +78,8 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
                  step_scheduler_with_optimizer: bool = True, kwargs_handlers: Optional[list] = None,
                  dynamo_backend: Any = None, dynamo_plugin: Any = None, parallelism_config: Any = None,
                  deepspeed_plugins: Any = None) -> None:
-        _refuse_unsupported(megatron_lm_plugin, torch_tp_plugin or parallelism_config)
+        parallelism_config, megatron_lm_plugin = parallel_plugins(parallelism_config, torch_tp_plugin,
+                                                                  megatron_lm_plugin)
         if deepspeed_plugins is not None and deepspeed_plugin is not None:
             raise ValueError("You cannot pass in both `deepspeed_plugins` and `deepspeed_plugin`.")
         fsdp_plugin, deepspeed_plugin = sharding_plugins(fsdp_plugin, deepspeed_plugin or deepspeed_plugins)
@@ -103,6 +97,7 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         if dynamo_backend is not None:
             dynamo_plugin = TorchDynamoPlugin(backend=dynamo_backend)
         init_kwargs = self.init_handler.to_dict() if self.init_handler is not None else {}
+        fresh_state = "_mixed_precision" not in AcceleratorState._shared_state  # HF: the first Accelerator's config
         self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, init_kwargs=init_kwargs,
                                       dynamo_plugin=dynamo_plugin, deepspeed_plugin=deepspeed_plugin,
                                       fsdp_plugin=fsdp_plugin)
@@ -110,6 +105,10 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         active_ds = self.state.deepspeed_plugin
         self.handlers.update({type(p).__name__: p for p in (fsdp_plugin, active_ds or deepspeed_plugin)
                               if p is not None and not isinstance(p, dict)})
+        if fresh_state:
+            self._init_layout(parallelism_config, megatron_lm_plugin)
+        if self.state.megatron_lm_plugin is not None:  # its gradient_clipping is read like DeepSpeed's
+            self.handlers["MegatronLMPlugin"] = self.state.megatron_lm_plugin
 
         self._init_gradient_accumulation(gradient_accumulation_plugin, gradient_accumulation_steps)
 
@@ -139,6 +138,17 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         self._custom_objects: list = []
         self._save_model_state_pre_hook: dict = {}
         self._load_model_state_pre_hook: dict = {}
+
+    def _init_layout(self, parallelism_config: Any, megatron_lm_plugin: Any) -> None:
+        """The state's parallel layout, decided once from the config or plugin and the world (collective when it
+        asks for more than data parallelism); the trivial one the state made stays when neither is given."""
+        st = self.state
+        st.parallelism_config, st.megatron_lm_plugin = parallelism_config, megatron_lm_plugin
+        if parallelism_config is not None or megatron_lm_plugin is not None:
+            st.parallel_layout = build_layout(parallelism_config, megatron_lm_plugin, num_processes=st.num_processes,
+                                              process_index=st.process_index,
+                                              distributed_type=str(st.distributed_type.value),
+                                              device_type=st.device.type, is_main_process=st.is_main_process)
 
     def _init_handlers(self, kwargs_handlers: Optional[list]) -> None:
         """The user's kwargs handlers, one per class, keyed by class name (the strategies' and the precision's
@@ -198,6 +208,7 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         if device_placement is None:
             device_placement = self.device_placement
         self._models.append(model)
+        model = apply_model_parallelism(model, self.state.parallel_layout, self.handlers)
         model = self.precision.prepare_model(model)
         model = self.strategy.prepare_model(model, device_placement, evaluation_mode)
         model = compile_model(model, self.state.dynamo_plugin)  # last, as HF: it compiles the wrapper
@@ -236,8 +247,9 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         if device_placement is None:
             device_placement = self.device_placement
         cfg = self.dataloader_config
+        layout = self.state.parallel_layout  # data is sharded over the data-parallel ranks only
         prepared = prepare_data_loader(
-            data_loader, self.device, num_processes=self.num_processes, process_index=self.process_index,
+            data_loader, self.device, num_processes=layout.dp_size, process_index=layout.dp_rank,
             split_batches=cfg.split_batches, put_on_device=device_placement, rng_types=list(self.rng_types),
             dispatch_batches=cfg.dispatch_batches, even_batches=cfg.even_batches,
             slice_fn_for_dispatch=slice_fn_for_dispatch, use_seedable_sampler=cfg.use_seedable_sampler,

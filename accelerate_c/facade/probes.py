@@ -1,9 +1,9 @@
 # accelerate_c/facade/probes.py: the feature probes HF scripts read on the Accelerator (DeepSpeed, FSDP,
 # Megatron-LM, the parallelism config and device mesh, fp8 backend, the *_parallel_rank properties), as a mixin
 # (the state's own probes: runtime/probes.py). They answer what HF 1.15 answers: for DeepSpeed/FSDP from the
-# state's plugins (state.py sets them), for Megatron-LM / tensor parallelism what HF answers when unused (the
-# constructors refuse those features).
-# Not for: the features themselves (the sharded engine and tensor/pipeline parallelism will own their state).
+# state's plugins (state.py sets them), the parallel ranks from the state's parallel layout (the coordinates
+# HF reads from its DeviceMesh, without building one).
+# Not for: the features themselves (the layout: runtime/layout.py; the engines).
 from __future__ import annotations
 
 from typing import Any
@@ -28,6 +28,8 @@ class AcceleratorProbes:
 
     @property
     def torch_device_mesh(self) -> Any:
+        """torch's DeviceMesh of the parallel layout (HF's names; built on first use: every rank must ask), None
+        without a ParallelismConfig (as HF)."""
         return self.state.device_mesh
 
     @property
@@ -59,16 +61,15 @@ class AcceleratorProbes:
 
     @property
     def should_save_model(self) -> bool:
-        # HF: the local main process when no parallelism config is set (always here).
+        # HF: the local main process without a parallelism config, else every process
         if self.parallelism_config is None:
             return self.state.is_local_main_process
         return True
 
     def _parallel_rank(self, dim: str, what: str) -> int:
-        pc = self.parallelism_config
-        if not pc:
+        if self.parallelism_config is None and self.state.megatron_lm_plugin is None:
             raise RuntimeError(f"{what} is not configured. Set `parallelism_config` first.")
-        return self.torch_device_mesh.get_local_rank(dim) if getattr(pc, f"{dim}_enabled") else 0
+        return self.state.parallel_layout.coords[dim]
 
     @property
     def tensor_parallel_rank(self) -> int:

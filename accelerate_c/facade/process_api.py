@@ -72,7 +72,9 @@ class ProcessAPI:
         return _ops.gather(tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gathers like `gather`, then drops the samples the last batch repeated to keep ranks even."""
+        """Gathers like `gather`, then drops the samples the last batch repeated to keep ranks even. Under a layout
+        whose TP/CP/PP ranks read the same batch, gathers over the data-parallel ranks only (every sample once;
+        HF 1.15 gathers every rank's copy)."""
         if isinstance(input_data, torch.Tensor):
             all_tensors = True
         else:
@@ -82,7 +84,11 @@ class ProcessAPI:
             except TypeError:
                 all_tensors = False
         use_gather_object = use_gather_object or not all_tensors
-        data = _ops.gather_object(input_data) if use_gather_object else _ops.gather(input_data)
+        layout = self.state.parallel_layout
+        if layout.data_replicated:  # the ranks of a TP/CP/PP group hold the same samples: each is kept once
+            data = _gather_data_parallel(input_data, layout.dim("dp"), use_gather_object)
+        else:
+            data = _ops.gather_object(input_data) if use_gather_object else _ops.gather(input_data)
         gs = self.gradient_state
         if not gs.end_of_dataloader or gs.remainder <= 0:
             return data
@@ -108,3 +114,21 @@ class ProcessAPI:
             self.flag_tensor = torch.tensor(0, device=self.state.device)
             return True
         return False
+
+
+def _gather_data_parallel(data: Any, dp: Any, objects: bool) -> Any:
+    """gather / gather_object over the data-parallel group `dp` (a layout's DimGroup), in dp order: what every
+    process holds once per batch replica."""
+    if objects:
+        if dp.size == 1:
+            return data
+        import torch.distributed as dist
+        out: list = [None] * dp.size
+        dist.all_gather_object(out, data, group=dp.process_group)
+        return [x for part in out for x in part]
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()[None] if t.ndim == 0 else t.contiguous()
+        return dp.group.all_gather(t.new_empty((dp.size * t.shape[0], *t.shape[1:])), t)
+
+    return _ops.recursively_apply(one, data, error_on_other_type=True)

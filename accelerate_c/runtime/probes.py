@@ -1,5 +1,5 @@
 # accelerate_c/runtime/probes.py: the plugin attributes and feature probes HF scripts read on AcceleratorState
-# (deepspeed_plugin, is_fsdp2, get/select_deepspeed_plugin), as a mixin; state.py sets the plugins.
+# (deepspeed_plugin, device_mesh, is_fsdp2, get/select_deepspeed_plugin), as a mixin; state.py sets the plugins.
 # Not for: the Accelerator's probes (facade/probes.py) or the features themselves.
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ class StateProbes:
     """AcceleratorState's plugin attributes and probes."""
 
     distributed_type: Any
-    _PLUGINS = ("deepspeed_plugins", "torch_tp_plugin", "parallelism_config", "device_mesh", "fsdp_plugin",
-                "megatron_lm_plugin")
+    _PLUGINS = ("deepspeed_plugins", "torch_tp_plugin", "parallelism_config", "fsdp_plugin", "megatron_lm_plugin")
+    parallelism_config: Any
+    parallel_layout: Any
 
     def _init_plugins(self, dynamo_plugin: Optional[TorchDynamoPlugin]) -> None:
         # HF leaves fsdp_plugin / megatron_lm_plugin unset (AttributeError) when unused; None answers the
@@ -34,6 +35,19 @@ class StateProbes:
         if not isinstance(plugins, dict):
             return plugins
         return next(p for p in plugins.values() if p.selected)
+
+    @property
+    def device_mesh(self) -> Any:
+        """HF's torch DeviceMesh: the layout's (built on first use, a collective) when a ParallelismConfig is set,
+        else None (as HF); one assigned to the attribute wins."""
+        given = self.__dict__.get("_device_mesh")
+        if given is not None or self.__dict__.get("parallelism_config") is None:
+            return given
+        return self.parallel_layout.torch_device_mesh
+
+    @device_mesh.setter
+    def device_mesh(self, value: Any) -> None:
+        self.__dict__["_device_mesh"] = value
 
     @property
     def is_fsdp2(self) -> bool:

@@ -1,6 +1,7 @@
 # accelerate_c/runtime/state.py: the process-wide state singletons HF scripts import directly:
-# PartialState (who am I, which device, the process group), AcceleratorState (adds the precision mode and the
-# sharding plugins, duck-typed: the Accelerator settles them, facade/plugins.py); GradientState lives in gradient.py
+# PartialState (who am I, which device, the process group), AcceleratorState (adds the precision mode, the
+# sharding plugins, duck-typed: the Accelerator settles them, facade/plugins.py, and the parallel layout,
+# layout.py: trivial here, the Accelerator's when it has a parallel config); GradientState lives in gradient.py
 # and is re-exported here (HF's import path).
 # They are "Borg" objects (every instance shares one __dict__), as in HF Accelerate.
 # Not for: backend decisions beyond picking the device and the process-group backend (strategies do that).
@@ -16,6 +17,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.distributed as dist
 
+from .layout_build import trivial_layout
 from .probes import StateProbes
 from .gradient import GradientState  # noqa: F401  (HF's import path: accelerate.state)
 from ..base import settings
@@ -239,7 +241,8 @@ class AcceleratorState(StateProbes):
 
     _shared_state: dict[str, Any] = {}
     _known_attrs = PartialState._known_attrs + ["mixed_precision", "_mixed_precision", "deepspeed_plugin",
-                                                "fsdp_plugin", "megatron_lm_plugin", "dynamo_plugin"]
+                                                "fsdp_plugin", "megatron_lm_plugin", "dynamo_plugin",
+                                                "parallel_layout"]
 
     def __init__(self, mixed_precision: Optional[str] = None, cpu: bool = False, dynamo_plugin: Any = None,
                  deepspeed_plugin: Any = None, fsdp_plugin: Any = None, **kwargs: Any) -> None:
@@ -260,6 +263,11 @@ class AcceleratorState(StateProbes):
             self._init_plugins(dynamo_plugin)
             self._mixed_precision = mp
             self._init_sharding(mp, deepspeed_plugin, fsdp_plugin)
+            # the layout always exists: data parallelism over the world until an Accelerator sets a parallel config
+            self.parallel_layout = trivial_layout(self.num_processes, self.process_index,
+                                                  self.distributed_type in (DistributedType.FSDP,
+                                                                            DistributedType.DEEPSPEED),
+                                                  self.device.type)
 
     @property
     def initialized_precision(self) -> bool:

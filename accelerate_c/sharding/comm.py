@@ -6,7 +6,8 @@
 # (all-gather for forward, again for backward, reduce-scatter).
 # The stage 1/2 all-gather happens in place in shared memory when every rank is on this host: each rank reads its
 # peers' updated shards straight from their parts of the region (no staging copy), between two barriers.
-# HYBRID_SHARD across hosts: hybrid_shard_comm builds the host group's ShardComm with its cross-host groups.
+# HYBRID_SHARD across hosts: hybrid_shard_comm builds the host group's ShardComm with its cross-host groups;
+# HSDP over a parallel layout (dp_replicate x dp_shard): layout_shard_comm, from the layout's groups.
 # Not for: the transports themselves (accelerate_c/comm) or which buffers move when (engine.py).
 from __future__ import annotations
 
@@ -151,3 +152,12 @@ def hybrid_shard_comm(world: Any, host: Any, device: torch.device) -> ShardComm:
             cross = g
     return ShardComm(host, device, cross=cross, replicas=len(order), replica=order.index(hosts[world.rank]),
                      world=world, cross_root=members[order[0]][mine])
+
+
+def layout_shard_comm(layout: Any, device: torch.device) -> ShardComm:
+    """HSDP over a parallel layout (runtime/layout.py): shard over this rank's dp_shard group, average each shard
+    gradient over its dp_replicate group (the torch process group of the ranks holding the same shard; replica 0
+    is the one with dp_replicate coordinate 0), agree (used mask, norms) over the whole data-parallel group."""
+    rep = layout.dim("dp_replicate")
+    return ShardComm(layout.dp_shard_group, device, cross=rep.process_group, replicas=rep.size, replica=rep.rank,
+                     world=layout.dp_group, cross_root=rep.ranks[0])

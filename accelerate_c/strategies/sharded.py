@@ -7,8 +7,9 @@
 # all-gather of the updated shards (stages 1/2). Parameters kept out of the units (ignored_modules) are averaged
 # after each synced backward as DDP's reference path does; frozen ones are left alone. Buffers follow DDP's
 # broadcast_buffers rule (the same wrapper). HYBRID_SHARD across hosts shards over a host's ranks and averages each
-# shard gradient across hosts (sharding/comm.py hybrid_shard_comm). A model on the meta device (on any rank) is
-# built shard by shard from rank 0's values at prepare (sharding/construct.py).
+# shard gradient across hosts (sharding/comm.py hybrid_shard_comm); a ParallelismConfig with dp_replicate_size and
+# dp_shard_size > 1 under FSDP is HF's HSDP over the layout's groups (layout_shard_comm). A model on the meta device
+# (on any rank) is built shard by shard from rank 0's values at prepare (sharding/construct.py).
 # Not for: the engine's buffers and hooks (sharding/), the plugins (base/fsdp_plugin.py, deepspeed/plugin.py) or
 # checkpoint files.
 from __future__ import annotations
@@ -87,8 +88,13 @@ class ShardedDataParallel(BucketedDataParallel):
     def _comm(self) -> Any:
         if self.comm is None:
             from ..comm.group import group_for_device
-            from ..sharding.comm import ShardComm, hybrid_shard_comm
+            from ..sharding.comm import ShardComm, hybrid_shard_comm, layout_shard_comm
             device = self.state.device
+            layout = self.state.parallel_layout
+            if self.config.face == "fsdp" and layout.dp_replicate > 1 and layout.dp_shard > 1:
+                # HF's HSDP (FSDP2 over the (dp_replicate, dp_shard) mesh): shard over dp_shard, replicate
+                self.comm = layout_shard_comm(layout, device)
+                return self.comm
             group = group_for_device(device, self.config.transport)
             host = group.host_group()
             if self.config.hybrid and host is not None and host.size != group.size:

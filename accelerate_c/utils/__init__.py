@@ -5,6 +5,10 @@
 from ..base.dataclasses import (BaseEnum, DataLoaderConfiguration, DistributedType, DynamoBackend, FP8BackendType,
                                 GradientAccumulationPlugin, KwargsHandler, LoggerType, PrecisionType,
                                 ProjectConfiguration, RNGType, TorchDynamoPlugin)
+from ..base.megatron_plugin import MegatronLMPlugin
+from ..base.parallel_handlers import (DeepSpeedSequenceParallelConfig, TorchContextParallelConfig,
+                                      TorchTensorParallelConfig, TorchTensorParallelPlugin)
+from ..base.parallelism_config import ParallelismConfig
 from ..base.environment import are_libraries_initialized, clear_environment, patch_environment
 from ..base.imports import *  # noqa: F401,F403 - the is_*_available probes (cheap: nothing optional is imported)
 from ..base.imports import compare_versions, is_torch_version, str_to_bool
