@@ -278,6 +278,9 @@ def test_bad_env_value_fails_at_accelerator_and_selection():
     class TwoProcesses:
         num_processes = 2
 
+        class parallel_layout:  # noqa: N801 (two data-parallel ranks: what the strategies select on)
+            dp_size = 2
+
     with patch_environment(ACCELERATE_C_GRAD_SYNC="fast"):
         with pytest.raises(ValueError, match="ACCELERATE_C_GRAD_SYNC='fast'.*bucketed, reference"):
             BucketedDataParallel.applies(TwoProcesses(), {})

@@ -228,13 +228,18 @@ def get_group(pg: Optional[dist.ProcessGroup] = None, *, timeout: Optional[float
     return grp
 
 
-def group_for_device(device: torch.device, transport: str = "auto") -> CollectiveGroup:
+def group_for_device(device: torch.device, transport: str = "auto", dim: Any = None) -> CollectiveGroup:
     """The one choice between accelerate_c's groups and the process group: for CPU tensors get_group() (shared
     memory within a host), unless `transport` is "torch"; torch.distributed (NCCL/gloo) for any other device.
-    Collective when it builds a group (every rank calls it with the same arguments)."""
+    `dim`: one group of the parallel layout (runtime/layout.py DimGroup: .size, .process_group, and .group, its
+    cached CollectiveGroup) to build over instead of every rank (a size-1 one gives a SoloGroup).
+    Collective when it builds a group (every rank of it calls it with the same arguments)."""
+    if dim is not None and dim.size == 1:
+        from accelerate_c.comm.solo import SoloGroup
+        return SoloGroup()
     if torch.device(device).type == "cpu" and transport != "torch":
-        return get_group()
-    return TorchGroup()
+        return get_group() if dim is None else dim.group
+    return TorchGroup(None if dim is None else dim.process_group)
 
 
 def release_groups() -> None:

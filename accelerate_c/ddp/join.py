@@ -90,8 +90,8 @@ class JoinProtocol:
     def __init__(self, strategy: Any, models: list) -> None:
         self.strategy = strategy
         self.models = models
-        self.world = strategy.state.num_processes
-        self.rank = strategy.state.process_index
+        self.world = strategy.dp.size  # the data-parallel ranks join (the others hold other model slices)
+        self.rank = strategy.dp.rank
         self.agreement = SyncAgreement()
 
     def _exchange(self, fields: Optional[list[float]]) -> torch.Tensor:

@@ -82,7 +82,7 @@ class ShardedJoin:
         self.engine = strategy._engine_of(model)
         self.switch = model._grad_sync            # the strategy's _SyncSwitch
         self.comm = self.engine.comm
-        self.world, self.rank = strategy.state.num_processes, strategy.state.process_index
+        self.world, self.rank = strategy.dp.size, strategy.dp.rank  # the data-parallel ranks join
         self.optimizers = list(strategy._join_optims)   # the prepared optimizers; a STEP names one by index
         self.hkeys = [_hyper_keys(o) for o in self.optimizers]
         self.size = self.world + 1 + NFIELDS + max([len(k) for k in self.hkeys] + [0])

@@ -68,6 +68,13 @@ class Strategy:
     def distributed_type(self) -> DistributedType:
         return self.state.distributed_type
 
+    @property
+    def dp(self) -> Any:
+        """The data-parallel group of this rank (runtime/layout.py DimGroup "dp": .size, .rank, .ranks global,
+        .process_group, .group): every rank under plain data parallelism, the ranks holding the same model slice
+        under tensor / pipeline parallelism. Data-parallel strategies average, broadcast and shard over it."""
+        return self.state.parallel_layout.dim("dp")
+
     # -- preparation -----------------------------------------------------------------------------------
     def prepare_objects(self, objects: list, accelerator: Any) -> list:
         """Called by Accelerator.prepare with all the objects of one call before any is prepared; returns the list

@@ -27,7 +27,7 @@ class DataParallel(Strategy):
 
     @classmethod
     def applies(cls, state: Any, handlers: dict[str, Any]) -> bool:
-        return state.num_processes > 1
+        return state.parallel_layout.dp_size > 1
 
     def __init__(self, ctx: Any, config: Optional[DDPConfig] = None) -> None:
         super().__init__(ctx, config)
@@ -36,14 +36,16 @@ class DataParallel(Strategy):
         self._join: Optional[Any] = None  # the join (ddp_join.py, sharding/join.py) inside join_uneven_inputs
 
     def make_sync(self, params: list[torch.nn.Parameter]) -> GradSync:
-        return GradSync(params, self.group, self.state.num_processes, compress=self.config.compress_dtype)
+        self.group = self.dp.process_group  # the data-parallel ranks (torch's WORLD under plain data parallelism)
+        return GradSync(params, self.group, self.dp.size, compress=self.config.compress_dtype)
 
     def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:
-        """Rank `src`'s `tensors` into every rank's, in place (coalesced)."""
-        broadcast_coalesced(tensors, lambda flat: dist.broadcast(flat, src=src, group=self.group))
+        """Data-parallel rank `src`'s `tensors` into every data-parallel rank's, in place (coalesced)."""
+        dp = self.dp
+        broadcast_coalesced(tensors, lambda flat: dist.broadcast(flat, src=dp.ranks[src], group=dp.process_group))
 
     def all_reduce_sum(self, t: torch.Tensor) -> None:
-        dist.all_reduce(t, group=self.group)
+        dist.all_reduce(t, group=self.dp.process_group)
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool,
                       evaluation_mode: bool = False) -> torch.nn.Module:

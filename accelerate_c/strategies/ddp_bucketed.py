@@ -27,7 +27,7 @@ class BucketedDataParallel(DataParallel):
 
     @classmethod
     def applies(cls, state: Any, handlers: dict[str, Any]) -> bool:
-        return state.num_processes > 1 and DDPConfig.from_sources(handlers).grad_sync == "bucketed"
+        return state.parallel_layout.dp_size > 1 and DDPConfig.from_sources(handlers).grad_sync == "bucketed"
 
     def __init__(self, ctx: Any, config: Optional[DDPConfig] = None) -> None:
         super().__init__(ctx, config)
@@ -106,7 +106,7 @@ class BucketedDataParallel(DataParallel):
 
     def _bucket_group(self) -> Any:
         if self.bucket_group is None:
-            self.bucket_group = group_for_device(self.state.device, self.config.transport)
+            self.bucket_group = group_for_device(self.state.device, self.config.transport, self.dp)
         return self.bucket_group
 
     def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:

@@ -58,7 +58,7 @@ class ShardedDataParallel(BucketedDataParallel):
 
     @classmethod
     def applies(cls, state: Any, handlers: dict[str, Any]) -> bool:
-        return state.num_processes > 1 and ("FullyShardedDataParallelPlugin" in handlers
+        return state.parallel_layout.dp_size > 1 and ("FullyShardedDataParallelPlugin" in handlers
                                             or "DeepSpeedPlugin" in handlers)
 
     def __init__(self, ctx: Any, config: Optional[ShardedConfig] = None) -> None:
@@ -95,7 +95,7 @@ class ShardedDataParallel(BucketedDataParallel):
                 # HF's HSDP (FSDP2 over the (dp_replicate, dp_shard) mesh): shard over dp_shard, replicate
                 self.comm = layout_shard_comm(layout, device)
                 return self.comm
-            group = group_for_device(device, self.config.transport)
+            group = group_for_device(device, self.config.transport, self.dp)
             host = group.host_group()
             if self.config.hybrid and host is not None and host.size != group.size:
                 self.comm = hybrid_shard_comm(group, host, device)
@@ -109,7 +109,7 @@ class ShardedDataParallel(BucketedDataParallel):
         if self.stage == 0 or evaluation_mode:
             from ..sharding.construct import construction_needed, materialize_whole
             if construction_needed(model, self._comm()):  # a meta model, whole on every rank (rank 0's values)
-                materialize_whole(model, self.state.device, self.state.process_index == 0)
+                materialize_whole(model, self.state.device, self.dp.rank == 0)
                 if evaluation_mode:  # (DDP's prepare broadcasts for training only)
                     self.broadcast(list(model.parameters()) + list(model.buffers()))
             return super().prepare_model(model, device_placement, evaluation_mode)
@@ -129,7 +129,7 @@ class ShardedDataParallel(BucketedDataParallel):
         rep = [p for _, p in engine.replicated if p.requires_grad]
         # replicated parameters are averaged at the end of the engine's own pass, after its units (the order a join's
         # shadow mirrors: sharding/join.py shadow_backward)
-        sync = GradSync(rep, None, self.state.num_processes, owner=lambda: engine.begin_pass()) if rep else None
+        sync = GradSync(rep, None, self.dp.size, owner=lambda: engine.begin_pass()) if rep else None
         if sync is not None:
             self._replicated.append(sync)
             engine.replicated_sync = sync

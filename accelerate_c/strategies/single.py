@@ -14,4 +14,5 @@ class SingleProcess(Strategy):
 
     @classmethod
     def applies(cls, state: Any, handlers: dict[str, Any]) -> bool:
-        return state.num_processes == 1
+        # one process, or one data-parallel rank (the other processes hold other slices of the model)
+        return state.parallel_layout.dp_size == 1
