@@ -10,7 +10,8 @@
 # reduce_scatter_async / all_gather_async (same arguments) -> Work (wait() before touching the tensors);
 # broadcast(tensor, src) with src a rank *of the group*; scatter(output, input, src) (src's input,
 # size * output.numel() elements, block q -> rank q's output; input is only read on src, None elsewhere); barrier();
-# alloc(numel, dtype, device) (shared memory when the transport has it); host_group() (the ShmGroup of this host's ranks, or None); close().
+# alloc(numel, dtype, device) (shared memory when the transport has it); host_group() (the ShmGroup of this
+# host's ranks, or None); close().
 # `op` is "sum" | "avg" | "max" | "min" | "sum_div" (the sum, then divided by the group size as torch divides)
 # (or a dist.ReduceOp).
 # Non-CPU tensors always go to torch.distributed on `pg` (NCCL/gloo). ACCELERATE_C_COMM=torch forces the plain
