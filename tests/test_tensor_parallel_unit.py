@@ -75,6 +75,33 @@ def test_meta_model_gets_meta_slices_that_materialise_as_slices():
     assert not any(p.is_meta for p in model.parameters())
 
 
+def _materialised_rank(rank, use_init_rng):
+    from transformers import LlamaForCausalLM
+
+    from accelerate_c.sharding.materialize import materialize_model
+    from accelerate_c.tensor_parallel import init_rng
+    with torch.device("meta"):
+        model = LlamaForCausalLM(llama_config())
+    apply_tensor_parallel(model, NoCommGroup(rank, 2))
+    torch.manual_seed(5)
+    materialize_model(model, around_init=init_rng(model) if use_init_rng else None)
+    return model
+
+
+def test_init_rng_gives_the_ranks_different_blocks_and_the_same_replicas():
+    """From one shared random stream every rank would draw the same block (the logical weight repeating itself);
+    init_rng gives each rank's slices their own stream and keeps the shared one for the rest."""
+    plain = [_materialised_rank(r, False) for r in (0, 1)]
+    w = [m.model.layers[0].self_attn.q_proj.weight for m in plain]
+    assert torch.equal(w[0], w[1])
+    ours = [_materialised_rank(r, True) for r in (0, 1)]
+    w = [m.model.layers[0].self_attn.q_proj.weight for m in ours]
+    assert not torch.equal(w[0], w[1]) and 0.015 < torch.cat(w).std().item() < 0.025
+    for k, t in ours[0].state_dict().items():
+        if "norm" in k:
+            assert torch.equal(t, ours[1].state_dict()[k]), k
+
+
 @pytest.mark.parametrize("kw,size,match", [
     (dict(num_attention_heads=6, num_key_value_heads=2, hidden_size=60), 4, "q_proj' computes 6 heads.*head_dim 10"),
     (dict(num_key_value_heads=2), 4, "k_proj' computes 2 heads"),

@@ -7,8 +7,10 @@
 from .apply import TPSlice, apply_tensor_parallel, tp_state
 from .comm import TPComm
 from .plan import STYLES, model_plan
-from .state import clip_grad_norm_, gather_full_state_dict, grad_norm, tensor_slices, tp_layout
+from .state import (broadcast_replicated, clip_grad_norm_, gather_full_state_dict, grad_norm, init_rng,
+                    tensor_slices, tp_layout)
 from .vocab import vocab_parallel_cross_entropy
 
-__all__ = ["STYLES", "TPComm", "TPSlice", "apply_tensor_parallel", "clip_grad_norm_", "gather_full_state_dict",
-           "grad_norm", "model_plan", "tensor_slices", "tp_layout", "tp_state", "vocab_parallel_cross_entropy"]
+__all__ = ["STYLES", "TPComm", "TPSlice", "apply_tensor_parallel", "broadcast_replicated", "clip_grad_norm_",
+           "gather_full_state_dict", "grad_norm", "init_rng", "model_plan", "tensor_slices", "tp_layout", "tp_state",
+           "vocab_parallel_cross_entropy"]

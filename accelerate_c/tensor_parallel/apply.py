@@ -174,22 +174,20 @@ def _sp_entry_hook(comm: TPComm, first_arg: Optional[str]) -> Any:
     """Where the residual stream enters a layer or a norm under sequence parallelism: the embedding's partial sums are
     reduce-scattered along the sequence (once per forward), a replicated full-sequence input is split (no
     communication); a shard passes."""
-    seen: list = [None, None]
-
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> Optional[tuple]:
         x, where = first_input(args, kwargs, first_arg)
         d = comm.seq_dim
         if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() > d and comm.seq_full is not None):
             return None
-        if seen[0] is x:
-            y = seen[1]
+        if comm.entry is not None and comm.entry[0] is x:
+            y = comm.entry[1]
         elif getattr(x, PARTIAL, False):
             y = ReduceScatterSeq.apply(x, comm, d)
         elif x.shape[d] == comm.seq_full:
             y = SplitSeq.apply(x, comm, d)
         else:
             return None
-        seen[0], seen[1] = x, y
+        comm.entry = (x, y)
         return replace_first(args, kwargs, where, y)
     return hook
 
@@ -232,7 +230,7 @@ def _root_hooks(model: nn.Module, comm: TPComm, vocab_loss: bool) -> None:
         comm.vocab_loss = vocab_loss and labels is not None and torch.is_grad_enabled()
 
     def post(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        comm.vocab_loss = False
+        comm.vocab_loss, comm.entry = False, None
     model.register_forward_pre_hook(pre, with_kwargs=True)
     model.register_forward_hook(post, with_kwargs=True, always_call=True)
 

@@ -24,6 +24,7 @@ class TPComm:
         self.seq_dim = seq_dim
         self.seq_full: Optional[int] = None    # the model input's sequence length in this forward (SP)
         self.vocab_loss = False                 # this forward's head returns its vocab shard for the parallel loss
+        self.entry: Optional[tuple] = None      # (tensor, its sequence shard): the SP entry of this forward
 
     @property
     def seq_shard(self) -> Optional[int]:

@@ -4,17 +4,22 @@
 # the logical state dict (collective). tensor_slices: the rank's tensors as checkpointing/slices.py TensorSlices
 # (contiguous ranges of the row-major logical tensor: one per dimension-0 block, one per row for a dimension-1 block).
 # grad_norm / clip_grad_norm_: the global gradient norm over the TP group, counting replicated parameters (whose
-# gradients are the same on every TP rank) once and summing the sliced ones' squares over the group.
+# gradients are the same on every TP rank) once and summing the sliced ones' squares over the group. init_rng: the
+# random stream of a module holding slices during materialisation (every rank would otherwise draw the same block);
+# broadcast_replicated: one TP rank's replicated tensors to the others.
 # Not for: data-parallel dimensions (the caller combines this group's norm with its own groups'), the file format.
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Iterable, Optional, Union
+import zlib
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional, Union
 
 import torch
 from torch import nn
 
 from ..checkpointing.slices import TensorSlice
+from ..comm.coalesced import broadcast_coalesced
 from .apply import TPSlice, tp_state
 from .comm import from_blocks
 
@@ -117,3 +122,38 @@ def clip_grad_norm_(parameters: Union[torch.Tensor, Iterable[torch.Tensor]], max
         if p.grad is not None:
             p.grad.detach().mul_(coef.to(p.grad.dtype))
     return total
+
+
+def init_rng(model: nn.Module, seed: Optional[int] = None) -> Callable[[nn.Module], ContextManager]:
+    """For sharding.materialize's around_init: a module whose own parameters include TP slices initialises in a random
+    stream of its own, seeded from `seed` (default torch.initial_seed(), the same on every rank), this TP rank and the
+    module's name, so the ranks draw different blocks (from one shared stream every rank would draw the same block:
+    the logical tensor would repeat itself, and the repeated heads or rows would stay equal through training). The
+    shared stream is restored afterwards, so replicated tensors initialised elsewhere stay equal across the ranks.
+    A module's replicated own parameters (a row-parallel bias) come from that stream too: transformers' init gives
+    them constants; otherwise call broadcast_replicated afterwards."""
+    rank = tp_state(model).comm.rank
+    base = torch.initial_seed() if seed is None else int(seed)
+    names = {id(m): n for n, m in model.named_modules()}
+
+    @contextlib.contextmanager
+    def around(m: nn.Module) -> Iterator[None]:
+        if not any(getattr(p, "_tp_slice", None) is not None for p in m.parameters(recurse=False)):
+            yield
+            return
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed((base * 1_000_003 + rank * 7919 + zlib.crc32(names.get(id(m), "").encode())) % 2 ** 63)
+            yield
+    return around
+
+
+def broadcast_replicated(model: nn.Module, src: int = 0) -> None:
+    """Copies TP rank `src`'s replicated parameters and buffers (every tensor that is not a TP slice) into the other
+    ranks' (collective over the model's TP group, coalesced)."""
+    group = tp_state(model).comm.group
+    seen, tensors = set(), []
+    for t in _named_tensors(model).values():
+        if getattr(t, "_tp_slice", None) is None and id(t) not in seen:
+            seen.add(id(t))
+            tensors.append(t.detach())
+    broadcast_coalesced(tensors, lambda flat: group.broadcast(flat, src))

@@ -61,6 +61,14 @@ def logical_grads(model, group):
     return out
 
 
+def blocks_of(model, group, name):
+    """Every rank's block of parameter `name` (its values), in rank order."""
+    t = dict(model.named_parameters())[name].detach().contiguous()
+    buf = t.new_empty((group.size, *t.shape))
+    group.all_gather(buf.view(-1), t.view(-1))
+    return list(buf)
+
+
 def assert_close(a, b, what, rtol=1e-5):
     """rtol elementwise, with an absolute slack of rtol x the tensor's largest magnitude (at least 1e-4: a gradient
     that is zero in exact arithmetic, such as a key bias's, is rounding noise on both sides)."""
@@ -213,14 +221,19 @@ def run(args):
     @check("meta")
     def _():
         from accelerate_c.sharding.materialize import materialize_model
-        from accelerate_c.tensor_parallel import apply_tensor_parallel
+        from accelerate_c.tensor_parallel import apply_tensor_parallel, broadcast_replicated, init_rng
         cfg = llama_config()
         torch.manual_seed(0)
         ref = LlamaForCausalLM(cfg)
         with torch.device("meta"):
             tp = LlamaForCausalLM(cfg)
         apply_tensor_parallel(tp, group, sequence_parallel=sp)
-        materialize_model(tp)
+        materialize_model(tp, around_init=init_rng(tp))
+        blocks = blocks_of(tp, group, "model.layers.0.mlp.up_proj.weight")
+        assert not torch.equal(blocks[0], blocks[1])                # each rank drew its own block
+        before = {k: v.clone() for k, v in tp.state_dict().items()}
+        broadcast_replicated(tp)                                    # replicated tensors were equal already
+        assert all(torch.equal(before[k], v) for k, v in tp.state_dict().items())
         held = sum(p.numel() for p in tp.parameters())
         assert held < 0.55 * sum(p.numel() for p in ref.parameters()), held
         assert torch.equal(tp.model.norm.weight, torch.ones(64))
