@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-CHECKS = ["llama_fp32", "llama_eval", "qwen2", "mistral", "bf16", "counts", "clip", "state", "meta"]
+CHECKS = ["llama_fp32", "llama_eval", "qwen2", "mistral", "qwen3", "styles", "bf16", "counts", "clip", "state", "meta"]
 
 
 @pytest.mark.parametrize("sp", [0, 1], ids=["tp2", "tp2_sp"])

@@ -7,10 +7,11 @@
 from .apply import TPSlice, apply_tensor_parallel, tp_state
 from .comm import TPComm
 from .plan import STYLES, model_plan
-from .state import (broadcast_replicated, clip_grad_norm_, gather_full_state_dict, grad_norm, init_rng,
-                    tensor_slices, tp_layout)
+from .state import (broadcast_replicated, checkpoint_slices, clip_grad_norm_, gather_full_state_dict, grad_norm,
+                    init_rng, tensor_slices, tp_layout)
 from .vocab import vocab_parallel_cross_entropy
 
-__all__ = ["STYLES", "TPComm", "TPSlice", "apply_tensor_parallel", "broadcast_replicated", "clip_grad_norm_",
+__all__ = ["STYLES", "TPComm", "TPSlice", "apply_tensor_parallel", "broadcast_replicated", "checkpoint_slices",
+           "clip_grad_norm_",
            "gather_full_state_dict", "grad_norm", "init_rng", "model_plan", "tensor_slices", "tp_layout", "tp_state",
            "vocab_parallel_cross_entropy"]

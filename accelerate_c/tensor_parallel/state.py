@@ -2,7 +2,8 @@
 # and gradient clipping. tp_layout: for every sliced tensor of the state dict, the dimension and offset of its block in
 # the logical tensor (TPSlice); tensors absent from it are replicated whole on every TP rank. gather_full_state_dict:
 # the logical state dict (collective). tensor_slices: the rank's tensors as checkpointing/slices.py TensorSlices
-# (contiguous ranges of the row-major logical tensor: one per dimension-0 block, one per row for a dimension-1 block).
+# (contiguous ranges of the row-major logical tensor: one per dimension-0 block, one per row for a dimension-1 block);
+# checkpoint_slices adds the replicated tensors whole (checkpointing/layout.py).
 # grad_norm / clip_grad_norm_: the global gradient norm over the TP group, counting replicated parameters (whose
 # gradients are the same on every TP rank) once and summing the sliced ones' squares over the group. init_rng: the
 # random stream of a module holding slices during materialisation (every rank would otherwise draw the same block);
@@ -18,6 +19,7 @@ from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional, 
 import torch
 from torch import nn
 
+from ..checkpointing.layout import model_layout, tied_names
 from ..checkpointing.slices import TensorSlice
 from ..comm.coalesced import broadcast_coalesced
 from .apply import TPSlice, tp_state
@@ -76,6 +78,17 @@ def tensor_slices(model: nn.Module, owner: bool = True) -> list[TensorSlice]:
             out.append(TensorSlice(k, tuple(spec.shape), t.dtype, r * full_width + spec.start * inner, flat[r],
                                    owner=owner))
     return out
+
+
+def checkpoint_slices(model: nn.Module, rank: int, world: int, owner: bool = True) -> list[TensorSlice]:
+    """The model for a universal checkpoint (checkpointing/universal.py model_rank_part, a strategy's model_slices):
+    tensor_slices(model, owner) for the TP slices, and the replicated tensors held whole, each written by one of the
+    `world` ranks that hold them (`rank` among them; layout.py balances the writers). Tied names are listed, written
+    once."""
+    sd = _named_tensors(model)
+    sliced = {id(t) for t in sd.values() if getattr(t, "_tp_slice", None) is not None}
+    whole = {k: t for k, t in sd.items() if id(t) not in sliced}
+    return tensor_slices(model, owner) + model_layout(whole, rank, world, unowned=tied_names(whole))
 
 
 def _grads(parameters: Union[torch.Tensor, Iterable[torch.Tensor]]) -> tuple[list, list]:

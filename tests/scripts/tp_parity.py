@@ -4,11 +4,14 @@
 #   llama_fp32   transformers Llama from a config: loss (1e-5 relative), every logical gradient (gathered slices,
 #                rtol 1e-5), 8 AdamW steps on the slices (losses 1e-5 relative), the gathered logical weights
 #   llama_eval   no labels / no grad: full logits; labels under no_grad: full logits and the same loss
-#   qwen2, mistral  one step of the same parity
+#   qwen2, mistral, qwen3  one step of the same parity (Qwen2: biased q/k/v; Qwen3: per-head q_norm/k_norm as
+#                "replicated_with_grad_allreduce")
+#   styles       colwise_rep, rowwise_split_input and rowwise_rep in a small MLP
 #   bf16         loss and gradients within bf16 tolerance
 #   counts       collectives per layer (a 2-layer minus a 1-layer model) and per step, counts and payload bytes
 #   clip         clip_grad_norm_ over the group vs torch's on the reference
-#   state        tensor_slices cover every sliced logical tensor once across the group; tp_layout
+#   state        tensor_slices cover every sliced logical tensor once across the group; tp_layout; a universal
+#                checkpoint's piece files written from checkpoint_slices load on one process bitwise
 #   gpt          (--sp 0) a GPT-2-style nn.Linear model through a user plan (tied LM head, biases, LayerNorm)
 #   meta         a meta-device Llama sliced, materialised (only the slices), loaded from the reference: same loss
 # Not for: bad input (tests/test_tensor_parallel_unit.py), timing (benchmarks/tp_step.py).
@@ -103,7 +106,8 @@ def one_step(ref, tp, group, step=0, vocab=128):
 
 
 def run(args):
-    from transformers import LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                              Qwen3Config, Qwen3ForCausalLM)
 
     from accelerate_c.comm import get_group
     from accelerate_c.tensor_parallel import clip_grad_norm_, gather_full_state_dict, tensor_slices, tp_layout
@@ -139,8 +143,8 @@ def run(args):
         assert rel(o_tp.loss.item(), o_ref.loss.item()) <= 1e-5
         assert_close(tp(input_ids=ids).logits.detach(), ref(input_ids=ids).logits.detach(), "grad-mode logits")
 
-    for name, cls, cfg_cls in (("qwen2", Qwen2ForCausalLM, Qwen2Config), ("mistral", MistralForCausalLM,
-                                                                             MistralConfig)):
+    for name, cls, cfg_cls in (("qwen2", Qwen2ForCausalLM, Qwen2Config), ("mistral", MistralForCausalLM, MistralConfig),
+                               ("qwen3", Qwen3ForCausalLM, Qwen3Config)):
         @check(name)
         def _():
             cfg = cfg_cls(**llama_config().to_dict())
@@ -148,6 +152,21 @@ def run(args):
             a, b = one_step(ref, tp, group)
             assert rel(b, a) <= 1e-5, (a, b)
             compare_grads(tp, ref, group)
+
+    @check("styles")
+    def _():  # colwise_rep (output gathered) then rowwise_split_input (a replicated input sliced), in an MLP
+        from accelerate_c.tensor_parallel import apply_tensor_parallel
+        torch.manual_seed(0)
+        ref = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.Tanh(), torch.nn.Linear(40, 24), torch.nn.Tanh(),
+                                  torch.nn.Linear(24, 24))
+        tp = apply_tensor_parallel(copy.deepcopy(ref), group, plan={"0": "colwise_rep", "2": "rowwise_split_input",
+                                                                    "4": "rowwise_rep"})
+        x = torch.randn(3, 5, 24, generator=torch.Generator().manual_seed(1))
+        a, b = ref(x), tp(x)
+        assert_close(b, a, "output")
+        a.square().sum().backward()
+        b.square().sum().backward()
+        compare_grads(tp, ref, group)
 
     @check("bf16")
     def _():
@@ -198,6 +217,7 @@ def run(args):
             assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])), name
         for s in tensor_slices(tp):  # the data is the logical tensor's elements at those offsets
             assert torch.equal(s.data, sd[s.name].reshape(-1)[s.start:s.start + s.numel]), s.name
+        roundtrip(tp, ref, args.out, group)
 
     if not sp:
         @check("gpt")
@@ -247,6 +267,41 @@ def run(args):
                     t.copy_(sd[k])
         a, b = one_step(ref, tp, group)
         assert rel(b, a) <= 1e-5, (a, b)
+
+
+def roundtrip(tp, ref, out, group):
+    """Every rank writes its checkpoint_slices with the universal checkpoint's piece files; one process then loads
+    the logical model from them: bitwise the reference's tensors."""
+    from transformers import LlamaForCausalLM
+
+    from accelerate_c.checkpointing.layout import whole_model_slices
+    from accelerate_c.checkpointing.pieces import PieceReader, rank_file, read_rank_meta, write_rank_file
+    from accelerate_c.checkpointing.universal import check_model, load_model, model_index, model_rank_part
+    from accelerate_c.tensor_parallel import checkpoint_slices
+    d = os.path.join(out, f"ckpt{int(tp._tp_state.comm.sp)}")
+    os.makedirs(d, exist_ok=True)
+    rank, world = group.rank, group.size
+    write_rank_file(os.path.join(d, rank_file("model", rank, world)),
+                    *model_rank_part(checkpoint_slices(tp, rank, world)))
+    dist.barrier()
+    error = None
+    if rank == 0:
+        try:
+            files = [rank_file("model", r, world) for r in range(world)]
+            index = model_index(d, files, [read_rank_meta(os.path.join(d, f)) for f in files])
+            torch.manual_seed(1)
+            fresh = LlamaForCausalLM(llama_config())
+            whole = whole_model_slices(fresh, 0, 1)
+            check_model(index, fresh, whole)
+            with PieceReader(d, index["tensors"]) as reader:
+                load_model(reader, index, fresh, whole)
+            for k, v in ref.state_dict().items():
+                assert torch.equal(fresh.state_dict()[k], v), k
+        except Exception as e:   # the other rank waits at the barrier: fail after it
+            error = e
+    dist.barrier()
+    if error is not None:
+        raise error
 
 
 def expect_counts(counted, sp):
