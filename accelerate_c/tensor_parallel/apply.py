@@ -24,9 +24,9 @@ from .vocab import PARTIAL, CausalLMLoss, VocabEmbedding, VocabHead
 
 HEAD_ATTRS = ("num_heads", "num_attention_heads", "num_key_value_heads", "num_kv_heads", "n_head", "n_heads",
               "n_kv_heads")
-_SPLIT = {"colwise": ("weight", 0, "out_features"), "colwise_rep": ("weight", 0, "out_features"),
-          "rowwise": ("weight", 1, "in_features"), "rowwise_split": ("weight", 1, "in_features"),
-          "vocab_embedding": ("weight", 0, "num_embeddings")}
+# kind -> (the weight's split dimension, the module attribute holding its size)
+_SPLIT = {"colwise": (0, "out_features"), "colwise_rep": (0, "out_features"), "rowwise": (1, "in_features"),
+          "rowwise_split": (1, "in_features"), "vocab_embedding": (0, "num_embeddings")}
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def _check_module(name: str, m: nn.Module, kind: str, size: int) -> None:
     if not isinstance(m, base) or type(m).forward is not base.forward:
         raise ValueError(f"tensor parallelism: {kind} needs a plain nn.{base.__name__}; module {name!r} is "
                          f"{type(m).__name__}")
-    attr = _SPLIT[kind][2]
+    attr = _SPLIT[kind][1]
     n = getattr(m, attr)
     if n % size:
         what = f"{n} vocabulary rows (num_embeddings)" if kind == "vocab_embedding" else f"{attr}={n}"
@@ -148,7 +148,7 @@ def _swap_class(m: nn.Module, cls: type) -> None:
 
 
 def _slice_module(name: str, m: nn.Module, kind: str, comm: TPComm) -> None:
-    pname, dim, attr = _SPLIT[kind]
+    dim, attr = _SPLIT[kind]
     full = getattr(m, attr)
     slice_parameter(m.weight, dim, comm)
     if dim == 0 and getattr(m, "bias", None) is not None:

@@ -45,8 +45,9 @@ class TPComm:
         return buf, work
 
     def gather(self, shard: torch.Tensor, dim: int) -> torch.Tensor:
-        buf, work = self.gather_start(shard)
-        work.wait()
+        shard = shard.contiguous()
+        buf = shard.new_empty((self.size, *shard.shape))
+        self.group.all_gather(buf.view(-1), shard.view(-1))
         return from_blocks(buf, dim)
 
     def reduce_scatter_start(self, full: torch.Tensor, dim: int) -> tuple[torch.Tensor, Any]:
@@ -57,10 +58,6 @@ class TPComm:
         return out, work
 
     def reduce_scatter(self, full: torch.Tensor, dim: int) -> torch.Tensor:
-        if hasattr(self.group, "reduce_scatter_async"):
-            out, work = self.reduce_scatter_start(full, dim)
-            work.wait()
-            return out
         blocks = to_blocks(full, dim, self.size)
         out = blocks.new_empty(blocks.shape[1:])
         self.group.reduce_scatter(out.view(-1), blocks.view(-1))
