@@ -33,10 +33,13 @@ class VocabEmbedding(nn.Embedding):
         out = F.embedding(local.masked_fill(outside, 0), self.weight, self.padding_idx, self.max_norm,
                           self.norm_type, self.scale_grad_by_freq, self.sparse)
         out = out.masked_fill(outside.unsqueeze(-1), 0)
-        if self._tp_comm.sp:
+        comm = self._tp_comm
+        if comm.sp:
+            if ids.dim() > comm.seq_dim:   # (also when the forward starts below the root: the base model alone)
+                comm.set_sequence(ids.shape[comm.seq_dim])
             setattr(out, PARTIAL, True)
             return out
-        return ReduceForward.apply(out, self._tp_comm)
+        return ReduceForward.apply(out, comm)
 
 
 class VocabHead(ColwiseLinear):
