@@ -182,6 +182,51 @@ static PyObject *py_all_reduce_start(PyObject *m, PyObject *const *args, Py_ssiz
     return PyLong_FromUnsignedLongLong(ticket);
 }
 
+/* shm_reduce_scatter_start(handle, input, output, op) -> ticket / shm_all_gather_start(handle, input, output)
+ * -> ticket: queue the collective on the group's worker thread (same checks as the blocking ops). The caller
+ * keeps both tensors alive and untouched until shm_wait(handle, ticket) returned. */
+static PyObject *py_reduce_scatter_start(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (!nargs_ok(nargs, 4, "shm_reduce_scatter_start")) return NULL;
+    acc_shm_group *g = get_group(args[0], "shm_reduce_scatter_start");
+    acc_tensor in, out;
+    acc_redop op;
+    if (!g || acc_tensor_borrow_cpu(m, args[1], &in, "shm_reduce_scatter_start input", -1) < 0 ||
+        acc_tensor_borrow_cpu(m, args[2], &out, "shm_reduce_scatter_start output", (int)in.dtype) < 0 ||
+        parse_op(args[3], &op) < 0)
+        return NULL;
+    if (in.numel != out.numel * acc_shm_group_size(g))
+        return PyErr_Format(PyExc_ValueError, "shm_reduce_scatter_start: input has %lld elements, expected %d x %lld",
+                            (long long)in.numel, acc_shm_group_size(g), (long long)out.numel);
+    uint64_t ticket = 0;
+    acc_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = acc_shm_async_submit_op(g, ACC_ASYNC_REDUCE_SCATTER, in.data, out.data, (size_t)out.numel, in.dtype, op,
+                                 &ticket);
+    Py_END_ALLOW_THREADS
+    if (st) return acc_raise_status(st, "shm_reduce_scatter_start");
+    return PyLong_FromUnsignedLongLong(ticket);
+}
+
+static PyObject *py_all_gather_start(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    if (!nargs_ok(nargs, 3, "shm_all_gather_start")) return NULL;
+    acc_shm_group *g = get_group(args[0], "shm_all_gather_start");
+    acc_tensor in, out;
+    if (!g || acc_tensor_borrow_cpu(m, args[1], &in, "shm_all_gather_start input", -1) < 0 ||
+        acc_tensor_borrow_cpu(m, args[2], &out, "shm_all_gather_start output", -1) < 0)
+        return NULL;
+    size_t nb = (size_t)in.numel * acc_dtype_size(in.dtype);
+    if ((size_t)out.numel * acc_dtype_size(out.dtype) != nb * (size_t)acc_shm_group_size(g))
+        return PyErr_Format(PyExc_ValueError, "shm_all_gather_start: output must hold %d x %zu bytes",
+                            acc_shm_group_size(g), nb);
+    uint64_t ticket = 0;
+    acc_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = acc_shm_async_submit_op(g, ACC_ASYNC_ALL_GATHER, in.data, out.data, nb, ACC_U8, ACC_RED_SUM, &ticket);
+    Py_END_ALLOW_THREADS
+    if (st) return acc_raise_status(st, "shm_all_gather_start");
+    return PyLong_FromUnsignedLongLong(ticket);
+}
+
 static int parse_ticket(PyObject *o, uint64_t *t) {
     unsigned long long v = PyLong_AsUnsignedLongLong(o);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) return -1;
@@ -199,7 +244,7 @@ static PyObject *py_wait(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
     Py_BEGIN_ALLOW_THREADS
     st = acc_shm_async_wait(g, ticket);
     Py_END_ALLOW_THREADS
-    if (st) return acc_raise_status(st, "shm_all_reduce_async");
+    if (st) return acc_raise_status(st, "shm async collective");
     Py_RETURN_NONE;
 }
 
@@ -383,6 +428,12 @@ PyMethodDef acc_shm_methods[] = {
     {"shm_all_reduce_start", FC(py_all_reduce_start),
      "shm_all_reduce_start($module, handle, tensor, op, /)\n--\n\n"
      "Queue an in-place all-reduce on the group's C worker thread; returns a ticket for shm_wait/shm_done."},
+    {"shm_reduce_scatter_start", FC(py_reduce_scatter_start),
+     "shm_reduce_scatter_start($module, handle, input, output, op, /)\n--\n\n"
+     "Queue a reduce-scatter on the group's C worker thread; returns a ticket for shm_wait/shm_done."},
+    {"shm_all_gather_start", FC(py_all_gather_start),
+     "shm_all_gather_start($module, handle, input, output, /)\n--\n\n"
+     "Queue a raw-byte all-gather on the group's C worker thread; returns a ticket for shm_wait/shm_done."},
     {"shm_wait", FC(py_wait),
      "shm_wait($module, handle, ticket, /)\n--\n\nWait (GIL released) until the ticket finished; raises its error."},
     {"shm_done", FC(py_done), "shm_done($module, handle, ticket, /)\n--\n\nTrue once the ticket finished."},

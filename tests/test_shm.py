@@ -283,6 +283,59 @@ def test_staged_all_reduce_many_chunks(ws):
     assert all(v == 21 for v in res.values())
 
 
+def _w_async_activations(rank, ws):
+    """reduce_scatter_async / all_gather_async (the tensor-parallel activation collectives) queued behind and between
+    all_reduce_async on the C worker thread, through the small, staged and zero-copy paths, then a synchronous op:
+    every result equals gloo's; the same calls on TorchGroup (the process-group path) too."""
+    import torch.distributed as dist
+
+    from accelerate_c.comm import ShmGroup, TorchGroup
+    g = ShmGroup(timeout=20, small_bytes=SMALL, chunk_bytes=CHUNK)
+    gen = torch.Generator().manual_seed(7 + rank)
+    seg = g.alloc(3 * CHUNK * ws, torch.float32)
+    checked = 0
+    for grp in (g, TorchGroup()):
+        for dtype in (torch.float32, torch.bfloat16) if grp is g else (torch.float32,):  # (gloo rounds bf16 per hop)
+            for n in (1, 333, SMALL // 8 + 5, 3 * CHUNK // 4 + 5):
+                x = (torch.randn(n * ws, generator=gen) * 50).to(dtype)
+                y = (torch.randn(n, generator=gen) * 50).to(dtype)
+                z = (torch.randn(n + 3, generator=gen) * 50).to(dtype)
+                rs, ag, zr = torch.empty(n, dtype=dtype), torch.empty(n * ws, dtype=dtype), z.clone()
+                w0 = grp.all_reduce_async(zr)
+                w1 = grp.reduce_scatter_async(rs, x)
+                w2 = grp.all_gather_async(ag, y)
+                w2.wait(), w1.wait(), w0.wait()
+                assert _close(rs, _ref_all_reduce(x, "sum", ws)[rank * n:(rank + 1) * n], dtype), (dtype, n)
+                lst = [torch.empty(n, dtype=dtype) for _ in range(ws)]
+                dist.all_gather(lst, y)
+                assert torch.equal(ag, torch.cat(lst)), (dtype, n)
+                assert _close(zr, _ref_all_reduce(z, "sum", ws), dtype), (dtype, n)
+                checked += 1
+        if grp is g:  # zero-copy: the reduce-scatter's input and the gather's input in the segment
+            base = torch.randn(seg.numel(), generator=gen)
+            seg.copy_(base)
+            out, gath = torch.empty(seg.numel() // ws), torch.empty(CHUNK * ws)
+            w1, w2 = g.reduce_scatter_async(out, seg), g.all_gather_async(gath, seg[:CHUNK])
+            w1.wait(), w2.wait()
+            ref = _ref_all_reduce(base, "sum", ws)[rank * out.numel():(rank + 1) * out.numel()]
+            assert _close(out, ref, torch.float32)
+            lst = [torch.empty(CHUNK) for _ in range(ws)]
+            dist.all_gather(lst, base[:CHUNK].contiguous())
+            assert torch.equal(gath, torch.cat(lst))
+            m = torch.full((4,), float(rank))
+            w = g.reduce_scatter_async(torch.empty(CHUNK), seg[:CHUNK * ws])
+            g.all_reduce(m, "max")  # a synchronous op after a queued one runs after it
+            assert w.is_completed() and torch.equal(m, torch.full((4,), float(ws - 1)))
+    g.close()
+    return checked
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_async_activation_collectives_match_gloo(ws):
+    res = run(_w_async_activations, ws)
+    assert all(v == 12 for v in res.values())
+
+
 def _w_hier(rank, ws):
     import torch.distributed as dist
 
@@ -326,6 +379,12 @@ def _w_hier(rank, ws):
     assert torch.allclose(out, _ref_all_reduce(y, "sum", ws)[rank * 8:(rank + 1) * 8])
     w = g.all_reduce_async(x)
     w.wait(timeout=20)
+    v = torch.randn(1001, generator=gen)  # the async activation collectives (on the local group's worker thread)
+    ag, rs = torch.empty(1001 * ws), torch.empty(8)
+    w1, w2 = g.all_gather_async(ag, v), g.reduce_scatter_async(rs, y)
+    w1.wait(timeout=20), w2.wait(timeout=20)
+    dist.all_gather(lst, v)
+    assert torch.equal(ag, torch.cat(lst)) and torch.allclose(rs, out)
     b = g.alloc(50000)  # in-segment buffer through the hierarchical path
     src = torch.randn(50000, generator=gen)
     b.copy_(src)

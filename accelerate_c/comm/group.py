@@ -6,10 +6,12 @@
 #
 # Common interface (CollectiveGroup): all_reduce(tensor, op="sum") in place; all_reduce_into(output, input, op)
 # out of place (input untouched); all_reduce_async(tensor, op)
-# -> Work; reduce_scatter(output, input, op); all_gather(output, input) (flat, rank order); broadcast(tensor,
-# src) with src a rank *of the group*; scatter(output, input, src) (src's input, size * output.numel() elements,
-# block q -> rank q's output; input is only read on src, None elsewhere); barrier(); alloc(numel, dtype, device)
-# (shared memory when the transport has it); host_group() (the ShmGroup of this host's ranks, or None); close().
+# -> Work; reduce_scatter(output, input, op); all_gather(output, input) (flat, rank order);
+# reduce_scatter_async / all_gather_async (same arguments) -> Work (wait() before touching the tensors);
+# broadcast(tensor, src) with src a rank *of the group*; scatter(output, input, src) (src's input,
+# size * output.numel() elements, block q -> rank q's output; input is only read on src, None elsewhere); barrier();
+# alloc(numel, dtype, device) (shared memory when the transport has it); host_group() (the ShmGroup of this
+# host's ranks, or None); close().
 # `op` is "sum" | "avg" | "max" | "min" | "sum_div" (the sum, then divided by the group size as torch divides)
 # (or a dist.ReduceOp).
 # Non-CPU tensors always go to torch.distributed on `pg` (NCCL/gloo). ACCELERATE_C_COMM=torch forces the plain
@@ -44,6 +46,8 @@ class CollectiveGroup(Protocol):
     def all_reduce_async(self, tensor: torch.Tensor, op: Any = "sum") -> Any: ...
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor: ...
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor: ...
+    def reduce_scatter_async(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> Any: ...
+    def all_gather_async(self, output: torch.Tensor, input: torch.Tensor) -> Any: ...
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor: ...
     def scatter(self, output: torch.Tensor, input: Optional[torch.Tensor], src: int = 0) -> torch.Tensor: ...
     def barrier(self) -> None: ...
@@ -65,6 +69,22 @@ class _SumThenDivide:
     def wait(self, timeout: Optional[float] = None) -> bool:
         self.work.wait()
         self.t.div_(self.n)
+        return True
+
+
+class _KeepBlock:
+    """A Work whose wait() also copies block `rank` of the reduced copy into the reduce-scatter's output."""
+
+    def __init__(self, work: Any, tmp: torch.Tensor, output: torch.Tensor, rank: int) -> None:
+        self.work, self.tmp, self.output, self.rank = work, tmp, output, rank
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        self.work.wait()
+        n = self.output.numel()
+        self.output.copy_(self.tmp.view(-1)[self.rank * n:(self.rank + 1) * n].view_as(self.output))
         return True
 
 
@@ -107,6 +127,15 @@ class TorchGroup:
         parts = list(output.view(-1).chunk(self.size)) if input.numel() else [input.new_empty(0)] * self.size
         dist.all_gather(parts, input.contiguous().view(-1), group=self.pg)
         return output
+
+    def reduce_scatter_async(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> Any:
+        """Through an async all-reduce of a copy (see reduce_scatter); wait() copies this rank's block out."""
+        tmp = input.detach().contiguous().clone()
+        return _KeepBlock(self.all_reduce_async(tmp, op), tmp, output, self.rank)
+
+    def all_gather_async(self, output: torch.Tensor, input: torch.Tensor) -> Any:
+        parts = list(output.view(-1).chunk(self.size)) if input.numel() else [input.new_empty(0)] * self.size
+        return dist.all_gather(parts, input.contiguous().view(-1), group=self.pg, async_op=True)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         dist.broadcast(tensor, src=self._global(src), group=self.pg)
@@ -170,6 +199,12 @@ class _CpuOrTorch:
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
         return self._pick(output, input).all_gather(output, input)
+
+    def reduce_scatter_async(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> Any:
+        return self._pick(output, input).reduce_scatter_async(output, input, op)
+
+    def all_gather_async(self, output: torch.Tensor, input: torch.Tensor) -> Any:
+        return self._pick(output, input).all_gather_async(output, input)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         return self._pick(tensor).broadcast(tensor, src)

@@ -139,6 +139,20 @@ class HierarchicalGroup:
         self._all_gather(output, input)
         return output
 
+    def reduce_scatter_async(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> Work:
+        """The reduce_scatter above, run on the local ShmGroup's worker thread."""
+        code = _op_code(op)
+        tmp = input.detach().contiguous().clone()
+
+        def run() -> None:
+            self._all_reduce(tmp, code)
+            n = output.numel()
+            output.copy_(tmp.view(-1)[self.rank * n:(self.rank + 1) * n].view_as(output))
+        return self.shm.submit(run)
+
+    def all_gather_async(self, output: torch.Tensor, input: torch.Tensor) -> Work:
+        return self.shm.submit(lambda: self._all_gather(output, input))
+
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         self.shm.synchronize()
         self._broadcast(tensor, src)

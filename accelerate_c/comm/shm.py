@@ -88,7 +88,7 @@ class Work:
 
 
 class ShmWork:
-    """Handle of a queued all_reduce_async on the group's C worker thread (holds the tensor alive)."""
+    """Handle of a queued async collective on the group's C worker thread (holds its tensors alive)."""
 
     __slots__ = ("_h", "_ticket", "_tensor", "_done")
 
@@ -225,6 +225,20 @@ class ShmGroup:
         if self._pending:
             self.synchronize()
         return ShmWork(self._h, _C.shm_all_reduce_start(self._h, tensor, code), tensor)
+
+    def reduce_scatter_async(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> ShmWork:
+        """reduce_scatter queued on the C worker thread (after every op queued before it); wait() on the result
+        before touching either tensor (contiguous CPU tensors)."""
+        code = _op_code(op)
+        if self._pending:
+            self.synchronize()
+        return ShmWork(self._h, _C.shm_reduce_scatter_start(self._h, input, output, code), (input, output))
+
+    def all_gather_async(self, output: torch.Tensor, input: torch.Tensor) -> ShmWork:
+        """all_gather queued on the C worker thread; wait() before touching either tensor."""
+        if self._pending:
+            self.synchronize()
+        return ShmWork(self._h, _C.shm_all_gather_start(self._h, input, output), (input, output))
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor:
         """output = reduction over ranks of input[rank*n:(rank+1)*n] (n = output.numel())."""

@@ -14,7 +14,8 @@
 # Not for: packing shards (the engine) or loading pretrained weights (checkpointing/).
 from __future__ import annotations
 
-from typing import Callable, Iterator, Optional
+import contextlib
+from typing import Callable, ContextManager, Iterator, Optional
 
 import torch
 from torch import nn
@@ -94,6 +95,7 @@ def check_initializable(model: nn.Module) -> None:
 
 
 Alloc = Callable[[str, torch.Tensor, bool], Optional[torch.Tensor]]  # (name, meta tensor, is_param) -> storage
+AroundInit = Callable[[nn.Module], ContextManager]  # module -> the context its initialisation runs in
 
 
 def _plan(model: nn.Module, units: Optional[list[nn.Module]]) -> tuple[list[tuple[str, nn.Module]], dict[int, int],
@@ -140,7 +142,8 @@ def _real_param(old: nn.Parameter, data: torch.Tensor) -> None:
 
 
 def materialize_stream(model: nn.Module, sink: Sink, device: torch.device | str = "cpu",
-                       units: Optional[list[nn.Module]] = None, alloc: Optional[Alloc] = None) -> None:
+                       units: Optional[list[nn.Module]] = None, alloc: Optional[Alloc] = None,
+                       around_init: Optional[AroundInit] = None) -> None:
     """Materialises every meta tensor of `model` on `device`, module by module in post-order, initialises each
     module and hands each tensor to `sink(name, tensor, is_param)` once initialisation can no longer touch it: after
     the post-order visit of the nearest enclosing module among `units` (the model itself always counts; a
@@ -150,7 +153,9 @@ def materialize_stream(model: nn.Module, sink: Sink, device: torch.device | str 
     is the largest unit (plus tied tensors kept until their last use).
     A meta Parameter stays the same Python object (its contents are swapped for real ones); a meta buffer is
     replaced in its module. `alloc(name, meta tensor, is_param)` may supply the storage (e.g. a view of the unit's
-    flat buffer, so nothing is copied afterwards); None or no alloc: a fresh torch.empty on `device`."""
+    flat buffer, so nothing is copied afterwards); None or no alloc: a fresh torch.empty on `device`.
+    `around_init(module)` (optional) returns a context manager each module's initialisation runs in (tensor
+    parallelism: the random stream of a module holding slices, see tensor_parallel.init_rng)."""
     device = torch.device(device)
     init = _init_fn(model)
     hf = _is_hf(model)
@@ -183,14 +188,16 @@ def materialize_stream(model: nn.Module, sink: Sink, device: torch.device | str 
                     slot[key] = new
                 touched = touched or id(t) in was_meta
         if touched or hf:
-            init(m)
+            with around_init(m) if around_init is not None else contextlib.nullcontext():
+                init(m)
         for name, t, is_param in pending.pop(i, []):
             sink(name, t, is_param)
 
 
-def materialize_model(model: nn.Module, device: torch.device | str = "cpu") -> nn.Module:
+def materialize_model(model: nn.Module, device: torch.device | str = "cpu",
+                      around_init: Optional[AroundInit] = None) -> nn.Module:
     """The whole model at once (one process): the same values, in the same order, as sharded construction."""
-    materialize_stream(model, lambda name, t, is_param: None, device)
+    materialize_stream(model, lambda name, t, is_param: None, device, around_init=around_init)
     return model
 
 

@@ -77,13 +77,21 @@ acc_status acc_shm_scatter(acc_shm_group *g, const void *in, void *out, size_t n
 acc_status acc_shm_barrier(acc_shm_group *g);
 
 /* Async all-reduce (for overlapping gradient communication with backward): a worker thread per group runs
- * queued in-place all-reduces in issue order without the GIL. submit returns a ticket (> 0); wait blocks
+ * queued collectives in issue order without the GIL. submit returns a ticket (> 0); wait blocks
  * until that ticket finished and returns its status (after a failure, that of the first failure); done
  * tests without blocking; drain waits for everything queued. The caller keeps each buffer alive and
  * untouched until its ticket finished, and must drain before issuing a synchronous collective on the
  * same group from another thread (the bindings do this). Only one thread may submit. */
 acc_status acc_shm_async_submit(acc_shm_group *g, void *data, size_t count, acc_dtype dtype, acc_redop op,
                                 uint64_t *ticket);
+/* The same queue for the other activation collectives (tensor parallelism overlaps them with matmuls):
+ * kind ACC_ASYNC_REDUCE_SCATTER: out[0:count) = reduction of every rank's in[rank*count : +count);
+ * ACC_ASYNC_ALL_GATHER: out[0 : N*count) = every rank's in[0:count) in rank order (count in bytes, dtype ACC_U8);
+ * ACC_ASYNC_ALL_REDUCE: out[0:count) = reduction of in[0:count) (in == out: in place). Same rules as submit:
+ * the caller keeps both buffers alive and untouched until the ticket finished. */
+typedef enum { ACC_ASYNC_ALL_REDUCE = 0, ACC_ASYNC_REDUCE_SCATTER = 1, ACC_ASYNC_ALL_GATHER = 2 } acc_shm_async_kind;
+acc_status acc_shm_async_submit_op(acc_shm_group *g, acc_shm_async_kind kind, const void *in, void *out, size_t count,
+                                   acc_dtype dtype, acc_redop op, uint64_t *ticket);
 acc_status acc_shm_async_wait(acc_shm_group *g, uint64_t ticket);
 int acc_shm_async_done(acc_shm_group *g, uint64_t ticket);
 acc_status acc_shm_async_drain(acc_shm_group *g);

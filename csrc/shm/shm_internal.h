@@ -58,14 +58,18 @@ typedef struct {
 
 #define SHM_ASYNC_SLOTS 1024
 
+/* A queued collective: kind is an acc_shm_async_kind; `in` == `out` for the in-place all-reduce; count is in
+ * elements of dtype (all_gather: bytes of one rank's input, dtype ACC_U8). */
 typedef struct {
-    void *data;
+    int kind;
+    const void *in;
+    void *out;
     size_t count;
     acc_dtype dtype;
     acc_redop op;
 } shm_async_req;
 
-/* The async all-reduce queue (shm_async.c): one worker thread per group runs requests in FIFO order.
+/* The async collective queue (shm_async.c): one worker thread per group runs requests in FIFO order.
  * Tickets are 1-based sequence numbers; done counts finished requests. */
 typedef struct {
     int started, stop;
