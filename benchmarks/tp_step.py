@@ -117,6 +117,48 @@ class Optimizers:
             o.zero_grad()
 
 
+def _local(t):
+    from torch.distributed.tensor import DTensor
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def state_bytes(model, opt) -> int:
+    """Bytes this rank holds in parameters, their gradients and the optimizer's state (distinct storages, measured
+    after a step, gradients still attached)."""
+    import torch
+    seen, total = set(), 0
+    tensors = [_local(p) for p in model.parameters()] + [_local(p.grad) for p in model.parameters()
+                                                          if p.grad is not None]
+    tensors += [_local(v) for o in opt.opts for st in o.state.values() for v in st.values()
+                if isinstance(v, torch.Tensor)]
+    for t in tensors:
+        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        if key not in seen:
+            seen.add(key)
+            total += key[1]
+    return total
+
+
+def activation_bytes(model, forward) -> int:
+    """Bytes of the distinct storages autograd saves for backward during one forward (what a rank holds between
+    forward and backward: measured with saved-tensor hooks), the parameters' own storages excluded; the graph is
+    then released by a backward whose gradients are dropped."""
+    import torch
+    params = {_local(p).untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = forward()
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return sum(seen.values())
+
+
 def torch_tp(model):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -149,19 +191,24 @@ def worker(args) -> None:
             apply_tensor_parallel(model, group, sequence_parallel=args.worker == "ours_sp")
     opt = Optimizers(model.parameters())
     times, comm, losses, cpu = [], [], [], []
+    held = 0
     for ids, labels in batches(args.steps):
         c0 = group.seconds if group else 0.0
         t, p0 = time.perf_counter(), time.process_time()
         loss = model(input_ids=ids, labels=labels).loss
         loss.backward()
         opt.step()
+        if not held:
+            held = state_bytes(model, opt)
         opt.zero_grad()
         times.append(time.perf_counter() - t)
         cpu.append(time.process_time() - p0)
         comm.append((group.seconds - c0) if group else 0.0)
         losses.append(loss.item())
+    ids, labels = batches(1)[0]
+    acts = activation_bytes(model, lambda: model(input_ids=ids, labels=labels).loss)
     with open(f"{args.out}.{rank}.json", "w") as f:
-        json.dump({"times": times, "comm": comm, "losses": losses, "cpu": cpu}, f)
+        json.dump({"times": times, "comm": comm, "losses": losses, "cpu": cpu, "state": held, "acts": acts}, f)
     if not args.worker.startswith("single"):
         import torch.distributed as dist
         dist.barrier()
@@ -204,6 +251,7 @@ def main() -> None:
     share: dict[str, list[float]] = {k: [] for k in kinds}
     cpu: dict[str, list[float]] = {k: [] for k in kinds}
     losses: dict[str, list[float]] = {}
+    mem: dict[str, tuple[int, int]] = {}  # kind -> (max over ranks of param+grad+optimizer bytes, of activations)
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
             for k in kinds:
@@ -214,6 +262,7 @@ def main() -> None:
                                     for r in res))
                 cpu[k].append(max(statistics.median(r["cpu"][w:]) for r in res))
                 losses[k] = res[0]["losses"]
+                mem[k] = (max(r["state"] for r in res), max(r["acts"] for r in res))
     med = {k: statistics.median(v) for k, v in step.items()}
     nparams = sum(p.numel() for p in make_model(args.layers).parameters())
     lines = [f"transformers Llama ({nparams / 1e6:.1f}M params, {args.layers} layers, hidden 512, FFN 2048, vocab "
@@ -231,7 +280,14 @@ def main() -> None:
         lines += ["", "- per-step losses vs one process, max |diff|: " + ", ".join(
             f"{k} {max(abs(a - b) for a, b in zip(ref, v)):.2e}" for k, v in losses.items()
             if not k.startswith("single"))]
-    lines.append("- targets: ours <= 1.1x single, <= 0.65x torch_tp; TP collectives <= 5 % of our step")
+    base = mem.get("single", mem.get("single1"))
+    if base:
+        lines += ["", "| run | param + grad + optimizer MiB per rank | / one process | saved activations MiB per rank "
+                  "| / one process |", "|---|---|---|---|---|"]
+        for k, (st, ac) in mem.items():
+            lines.append(f"| {k} | {st / 2**20:.1f} | {st / base[0]:.3f} | {ac / 2**20:.1f} | {ac / base[1]:.3f} |")
+    lines.append("- targets: ours <= 1.1x single, <= 0.65x torch_tp; TP collectives <= 5 % of our step; per rank at "
+                 "tp=2 <= 0.55x one process's param + grad + optimizer bytes; with SP, activations <= 0.6x tp=1's")
     lines.append("- per-round step medians (s): " + "; ".join(f"{k} {[round(x, 3) for x in v]}"
                                                             for k, v in step.items()))
     print("\n".join(lines))

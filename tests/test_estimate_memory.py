@@ -158,3 +158,29 @@ def test_bad_input_exits_nonzero_in_a_process(zoo, capsys):
     assert res.returncode == 2 and "not a torch.nn.Module" in res.stderr and not res.stdout, res
     assert cli.main(["estimate-memory", str(zoo / "zoo_models.py") + ":small", "--num_processes", "0"]) == 2
     assert "--num_processes 0" in capsys.readouterr().err
+
+
+def test_tensor_parallel_columns(tmp_path, capsys):
+    """--tp_size: the model's own TP plan applied to the meta model; per rank, every sliced tensor is 1/tp (the norms
+    stay whole), data parallelism over num_processes / tp; a degree the heads do not divide is an error naming it."""
+    from transformers import LlamaConfig
+    from accelerate_c.commands.estimate import tp_counts
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
+    cfg.architectures = ["LlamaForCausalLM"]
+    path = tmp_path / "config.json"
+    cfg.to_json_file(str(path))
+    full = count(build_model(str(path)))
+    half = tp_counts(build_model(str(path)), 2)
+    norms = 128 * (2 * 2 + 1)  # two per layer and the final one, held whole by every rank
+    assert half.trainable == (full.trainable - norms) // 2 + norms
+    ddp = per_rank_bytes(half, "float32", 2)["DDP"]
+    assert cli.main(["estimate-memory", str(path), "--num_processes", "4", "--tp_size", "2", "--dtypes",
+                     "float32"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "tp=2 x DDP" in line)
+    assert format_bytes(ddp) in row and "tensor parallel tp=2 x data parallel 2" in out, out
+    cfg.num_attention_heads = cfg.num_key_value_heads = 2
+    cfg.to_json_file(str(path))
+    assert cli.main(["estimate-memory", str(path), "--tp_size", "4"]) == 2
+    assert "--tp_size 4" in capsys.readouterr().err

@@ -80,13 +80,13 @@ def test_collectives_keep_hf_meaning(ranks):
 
 def test_relaxed_dp_replicate_with_tp_and_the_engine_seam(ranks):
     """ParallelismConfig(dp_replicate_size=2, tp_size=2), refused by HF, gives DDP groups over the TP slices;
-    prepare(model) stops at the one place the TP engine will plug in."""
+    prepare(model) hands the model to the TP engine at the one seam (a model without a TP plan: its error)."""
     for r, res in enumerate(ranks):
         t = res["dr_tp"]
         assert t["layout"]["degrees"] == {"pp": 1, "dp_replicate": 2, "dp_shard": 1, "cp": 1, "tp": 2}
         assert t["groups"]["dp_replicate"]["ranks"] == DP_GROUPS[r] and t["groups"]["tp"]["ranks"] == TP_GROUPS[r]
         assert t["groups"]["dp_shard"]["solo"]
-        assert t["refusal"].startswith("tensor parallelism engine: not integrated yet")
+        assert t["refusal"].startswith("tensor parallelism: Linear has no tensor-parallel plan"), t["refusal"]
 
 
 def test_hsdp_over_the_layout_equals_one_process(ranks):
@@ -104,6 +104,6 @@ def test_megatron_and_trivial_layouts(ranks):
         assert m["layout"]["degrees"] == {"pp": 1, "dp_replicate": 2, "dp_shard": 1, "cp": 1, "tp": 2}
         assert m["layout"]["sequence_parallel"] and m["layout"]["source"] == "megatron_lm"
         assert m["mesh"] and m["tp_rank"] == r % 2 and m["clip"] == 1.0 and m["distributed_type"] == "MULTI_CPU"
-        assert m["refusal"].startswith("tensor parallelism engine")
+        assert m["refusal"].startswith("tensor parallelism: Linear has no tensor-parallel plan"), m["refusal"]
         t = res["trivial"]
         assert t["layout"]["degrees"] == {"pp": 1, "dp_replicate": 4, "dp_shard": 1, "cp": 1, "tp": 1} and t["mesh"]

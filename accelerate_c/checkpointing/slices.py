@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -49,3 +50,10 @@ class ParamSlot:
     numel: int
     local_shape: tuple[int, ...]
     owner: bool = True
+    # several ranges instead of [start, start + numel): ((logical start, count), ...) in the local tensor's order
+    # (a tensor-parallel block of a dimension other than 0 is one range per row of the dimensions before it)
+    segments: Optional[tuple[tuple[int, int], ...]] = None
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """The (start, count) ranges of the logical tensor the slot holds, in the local tensor's order."""
+        return list(self.segments) if self.segments is not None else [(self.start, self.numel)]

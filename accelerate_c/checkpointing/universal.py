@@ -176,6 +176,13 @@ def _blocks(n: int) -> int:
 
 def _block_range(slot: ParamSlot, key: str) -> tuple[int, int]:
     total = numel_of(slot.shape)
+    if slot.segments is not None and len(slot.segments) > 1:
+        raise ValueError(
+            f"optimizer state {slot.name!r}/{key}: 8-bit block scales of this rank's slot cannot be stored as blocks "
+            f"of the logical tensor (the slot is {len(slot.segments)} ranges: a tensor-parallel slice along a "
+            "dimension other than 0); use state_dtype=torch.float32 or torch.bfloat16 for such parameters")
+    if slot.segments:
+        slot = ParamSlot(slot.index, slot.name, slot.shape, slot.segments[0][0], slot.numel, slot.local_shape)
     end = slot.start + slot.numel
     if slot.numel == 0:
         return 0, 0
@@ -215,7 +222,10 @@ def optimizer_rank_part(opt_sd: dict, slots: list[ParamSlot]) -> tuple[list, dic
             elif isinstance(v, torch.Tensor) and v.dim() > 0 and v.numel() == s.numel:
                 name = f"{s.name}/{k}"
                 logical[name] = [list(s.shape), dtype_name(v.dtype), s.name, k, "elements"]
-                pieces.append((name, s.start, v.detach().reshape(-1), tuple(s.shape)))
+                flat, off = v.detach().reshape(-1), 0
+                for start, count in s.ranges():
+                    pieces.append((name, start, flat[off:off + count], tuple(s.shape)))
+                    off += count
             else:
                 scalar[k] = v
         scalars[s.name] = scalar
@@ -291,12 +301,16 @@ class OptimizerLoad:
         self.optimizer, self.sd, self.reads, self.reader, self.device = optimizer, sd, reads, reader, device
 
     def apply(self) -> None:
-        for st, key, name, first, n, shape, into in self.reads:
+        for st, key, name, ranges, shape, into in self.reads:
             if into is not None:
-                self.reader.read_into(name, first, into.view(-1))
+                flat, off = into.view(-1), 0
+                for first, n in ranges:
+                    self.reader.read_into(name, first, flat[off:off + n])
+                    off += n
                 t = into
             else:
-                t = self.reader.read(name, first, n)
+                parts = [self.reader.read(name, first, n) for first, n in ranges]
+                t = parts[0] if len(parts) == 1 else torch.cat(parts)
             t = t.view(shape)
             st[key] = t.to(self.device) if self.device else t
         self.optimizer.load_state_dict(self.sd)
@@ -345,15 +359,15 @@ def plan_optimizer(reader: PieceReader, index: dict, optimizer: Any, slots: list
         for name, e in by_param.get(slot.name, []):
             if e["kind"] == "blocks":
                 first, n = _block_range(slot, e["key"])
-                shape: tuple = (n,)
+                ranges, shape = [(first, n)], (n,)
                 if list(e["shape"]) != [_blocks(numel_of(slot.shape))]:
                     raise CheckpointError(f"optimizer state {name!r} has shape {e['shape']}, the 8-bit blocks of "
                                           f"{slot.name!r} need [{_blocks(numel_of(slot.shape))}]")
             else:
                 check_entry(name, e, slot.shape)
-                first, n, shape = slot.start, slot.numel, slot.local_shape
+                ranges, n, shape = slot.ranges(), slot.numel, slot.local_shape
             t = current.get(e["key"])
             into = t if _fits(t, e["dtype"], n) and not device else None   # held state: filled in place
-            reads.append((st, e["key"], name, first, n, shape, into))
+            reads.append((st, e["key"], name, ranges, shape, into))
         sd["state"][slot.index] = st
     return OptimizerLoad(optimizer, sd, reads, reader, device)

@@ -43,6 +43,14 @@ class SoloGroup:
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
         return output.copy_(input.reshape(output.shape))
 
+    def reduce_scatter_async(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> Work:
+        self.reduce_scatter(output, input, op)
+        return _done()
+
+    def all_gather_async(self, output: torch.Tensor, input: torch.Tensor) -> Work:
+        self.all_gather(output, input)
+        return _done()
+
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         if src != 0:
             raise ValueError(f"broadcast: src={src} is not a rank of a group of size 1")

@@ -3,7 +3,9 @@
 # or a local model folder; the Hub is never used) or `module:factory` (`file.py:factory` too) returning
 # an nn.Module. Prints HF's table (largest layer, total size, training with Adam per dtype), the
 # training breakdown (parameters, gradients, optimizer states) and, with --num_processes N, the bytes
-# per rank under DDP and ZeRO stages 1/2/3 (the ZeRO paper's formulas).
+# per rank under DDP and ZeRO stages 1/2/3 (the ZeRO paper's formulas); with --tp_size T, the same per rank of a
+# tensor-parallel layout: the model's TP plan applied to the meta model (rank 0's slices), data parallelism over
+# N / T ranks.
 # Not for: activations or anything that depends on the batch; measuring real memory (the tests do).
 from __future__ import annotations
 
@@ -239,8 +241,29 @@ def table(title: str, headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(top + body)
 
 
+class _SlicingGroup:
+    """Rank 0 of `size` for apply_tensor_parallel on a meta model (it communicates nothing while slicing)."""
+
+    def __init__(self, size: int) -> None:
+        self.rank, self.size = 0, size
+
+    def __getattr__(self, name: str) -> Any:
+        raise EstimateError(f"estimate-memory: the tensor-parallel plan asked for a collective ({name})")
+
+
+def tp_counts(model: Any, tp: int) -> ModelCounts:
+    """The counts of what one rank holds at tensor-parallel degree `tp` (the model's own TP plan, sliced on the meta
+    device); a model without a plan, or sizes the degree does not divide, is an error naming it."""
+    from ..tensor_parallel import apply_tensor_parallel
+    try:
+        apply_tensor_parallel(model, _SlicingGroup(tp))
+    except ValueError as exc:
+        raise EstimateError(f"--tp_size {tp}: {exc}") from None
+    return count(model)
+
+
 def report(spec: str, counts: ModelCounts, dtypes: list[str], num_processes: int | None,
-           optimizer: str = "adam") -> str:
+           optimizer: str = "adam", tp: int = 1, tp_counted: "ModelCounts | None" = None) -> str:
     name = optimizer.capitalize()
     rows = []
     for dt in dtypes:
@@ -262,6 +285,12 @@ def report(spec: str, counts: ModelCounts, dtypes: list[str], num_processes: int
             ranks = {dt: per_rank_bytes(counts, dt, num_processes, optimizer) for dt in trained}
             rows = [[s, *(format_bytes(ranks[dt][s]) for dt in trained)] for s in STRATEGIES]
             parts.append(table(f"Per rank, {num_processes} processes, {name}", ["strategy", *trained], rows))
+        if tp_counted is not None:
+            dp = (num_processes or tp) // tp
+            ranks = {dt: per_rank_bytes(tp_counted, dt, dp, optimizer) for dt in trained}
+            rows = [[f"tp={tp} x {s}", *(format_bytes(ranks[dt][s]) for dt in trained)] for s in STRATEGIES]
+            parts.append(table(f"Per rank, tensor parallel tp={tp} x data parallel {dp}, {name}",
+                               ["layout", *trained], rows))
     return "\n".join(parts)
 
 
@@ -281,6 +310,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_flag(p, "--num_processes", type=int, default=None, help="also show the bytes per rank over this many "
              "processes under DDP and ZeRO 1/2/3")
     add_flag(p, "--optimizer", default="adam", choices=tuple(OPTIMIZERS), help="optimizer whose states are counted")
+    add_flag(p, "--tp_size", type=int, default=None, help="also show the bytes per rank with tensor parallelism of "
+             "this degree (the model's own TP plan; data parallelism over num_processes / tp_size ranks)")
     p.set_defaults(func=estimate_command)
     return p
 
@@ -288,7 +319,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def estimate_command(args: argparse.Namespace) -> int:
     if args.num_processes is not None and args.num_processes < 1:
         raise EstimateError(f"--num_processes {args.num_processes}: allowed: an integer >= 1")
+    tp = args.tp_size
+    if tp is not None and (tp < 1 or (args.num_processes and args.num_processes % tp)):
+        raise EstimateError(f"--tp_size {tp}: allowed: an integer >= 1 that divides --num_processes "
+                            f"({args.num_processes})")
     counts = count(build_model(args.model_name))
-    print(report(args.model_name, counts, list(dict.fromkeys(args.dtypes)), args.num_processes, args.optimizer))
+    sliced = tp_counts(build_model(args.model_name), tp) if tp and tp > 1 else None
+    print(report(args.model_name, counts, list(dict.fromkeys(args.dtypes)), args.num_processes, args.optimizer,
+                 tp or 1, sliced))
     return 0
 

@@ -68,10 +68,11 @@ def parallel_plugins(parallelism_config: Any, torch_tp_plugin: Any,
 
 
 def apply_model_parallelism(model: torch.nn.Module, layout: Any, handlers: dict) -> torch.nn.Module:
-    """The model as this rank holds it under the layout's model parallelism (tensor parallelism slices it; pipeline
-    parallelism, refused when the layout is built, will cut it), before precision and data parallelism wrap it.
-    The TP engine is built apart and plugs in here."""
+    """The model as this rank holds it under the layout's model parallelism, before precision and data parallelism
+    wrap it: tensor parallelism slices it in place (tensor_parallel/prepare.py: the model's transformers tp_plan or
+    the user's `model.tp_plan`; a meta model is materialised slice by slice). Pipeline parallelism, refused when the
+    layout is built, will cut it here."""
     if layout.tp > 1:
-        raise NotImplementedError(f"tensor parallelism engine: not integrated yet (the layout asks for "
-                                  f"tp={layout.tp}); prepare models with tp_size=1 until it lands")
+        from ..tensor_parallel.prepare import prepare_tensor_parallel
+        return prepare_tensor_parallel(model, layout)
     return model

@@ -28,7 +28,8 @@ import torch.distributed as dist
 
 DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # outermost first
 GROUPS = {"pp": ("pp",), "dp_replicate": ("dp_replicate",), "dp_shard": ("dp_shard",), "cp": ("cp",),
-          "tp": ("tp",), "dp": ("dp_replicate", "dp_shard")}  # the groups a layout offers, by name
+          "tp": ("tp",), "dp": ("dp_replicate", "dp_shard"),
+          "model": ("pp", "cp", "tp")}  # the groups a layout offers, by name ("model": the ranks of one replica)
 NON_DATA = ("pp", "cp", "tp")  # dimensions whose ranks read the same batch
 
 
@@ -204,7 +205,8 @@ class ParallelLayout:
         self._built = True
 
     def dim(self, name: str) -> DimGroup:
-        """The group called `name` ("tp", "dp", "dp_replicate", "dp_shard", "pp", "cp") this rank belongs to."""
+        """The group called `name` ("tp", "dp", "dp_replicate", "dp_shard", "pp", "cp", "model": pp x cp x tp, the
+        ranks that together hold one replica of the model and see different gradients) this rank belongs to."""
         if name not in GROUPS:
             raise ValueError(f"parallel layout: no group named {name!r}; allowed: {', '.join(GROUPS)}")
         found = self._dims.get(name)

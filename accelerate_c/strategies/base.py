@@ -75,6 +75,12 @@ class Strategy:
         under tensor / pipeline parallelism. Data-parallel strategies average, broadcast and shard over it."""
         return self.state.parallel_layout.dim("dp")
 
+    @property
+    def mp(self) -> Any:
+        """The ranks that together hold one replica of the model (pp x cp x tp; DimGroup "model"): their gradients
+        differ, so overflow decisions and gradient norms are agreed over them."""
+        return self.state.parallel_layout.dim("model")
+
     # -- preparation -----------------------------------------------------------------------------------
     def prepare_objects(self, objects: list, accelerator: Any) -> list:
         """Called by Accelerator.prepare with all the objects of one call before any is prepared; returns the list
@@ -118,6 +124,8 @@ class Strategy:
         the kernels do not take this optimizer. DeepSpeed's gradient_clipping is applied first, on the unscaled
         gradients, as DeepSpeed's engine does."""
         clip = self.config.gradient_clipping
+        if self.mp.size > 1:  # the overflow decision agreed over the model's ranks before anyone steps or skips
+            self.unscale_(optimizer, precision)
         if clip:
             self.unscale_(optimizer, precision)
             self.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], clip)
@@ -134,8 +142,13 @@ class Strategy:
 
     def unscale_(self, optimizer: torch.optim.Optimizer, precision: Any) -> None:
         """Unscale the optimizer's gradients (loss scaling; Accelerator.unscale_gradients and the step's clipping
-        call this). Here every rank holds whole, already averaged gradients: the precision decides alone."""
-        precision.unscale_(optimizer)
+        call this). Every data-parallel rank holds the same averaged gradients; the ranks of one model replica (tensor
+        parallelism) hold different ones, so their found-inf flags are all-reduced (max) first (collective)."""
+        if self.mp.size > 1:
+            group = self.mp.group
+            precision.unscale_(optimizer, agree=lambda found: group.all_reduce(found, "max"))
+        else:
+            precision.unscale_(optimizer)
 
     def kernel_step(self, optimizer: torch.optim.Optimizer, grad_scale: Optional[float],
                     check_nonfinite: bool) -> Optional[bool]:
@@ -168,6 +181,9 @@ class Strategy:
     def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float,
                         norm_type: float = 2.0) -> torch.Tensor:
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        if self.state.parallel_layout.tp > 1:  # the logical model's norm: slices summed over the TP group
+            from ..tensor_parallel import clip_grad_norm_ as tp_clip
+            return tp_clip(params, max_norm, self.state.parallel_layout.tp_group, norm_type=norm_type)
         grads = [p.grad for p in params if p.grad is not None]
         if grads and all(g.device.type == "cpu" for g in grads):
             from ..optim.gradops import clip_grad_norm_  # one fused norm pass + one scale pass (C)
@@ -183,6 +199,9 @@ class Strategy:
         in the engine's dtype, under ZeRO-3 only with stage3_gather_16bit_weights_on_model_save (saved_weights_dtype's
         rule); the sharded strategy has its own (strategies/sharded.py)."""
         from ..runtime.models import extract_model_from_parallel
+        if self.state.parallel_layout.tp > 1:  # the logical tensors, gathered over the TP group (collective)
+            from ..tensor_parallel import gather_full_state_dict
+            return gather_full_state_dict(extract_model_from_parallel(model))
         if self.deepspeed.runs_engine:
             from ..sharding.statedict import full_state_dict
             return full_state_dict(extract_model_from_parallel(model), None, True, self.saved_weights_dtype())
@@ -204,6 +223,11 @@ class Strategy:
         """The model's logical tensors as this rank holds them (checkpointing/slices.py): here every tensor whole,
         each written by one rank (checkpointing/layout.py whole_model_slices)."""
         from ..checkpointing.layout import whole_model_slices
+        if self.state.parallel_layout.tp > 1:  # TP slices: one data-parallel replica writes them
+            from ..runtime.models import extract_model_from_parallel
+            from ..tensor_parallel import checkpoint_slices
+            return checkpoint_slices(extract_model_from_parallel(model), self.state.process_index,
+                                     self.state.num_processes, owner=self.dp.rank == 0)
         return whole_model_slices(model, self.state.process_index, self.state.num_processes)
 
     def optimizer_layout(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list:
@@ -211,6 +235,11 @@ class Strategy:
         the logical model (checkpointing/slices.py ParamSlot): here every parameter whole, each written by one rank
         (checkpointing/layout.py whole_optimizer_layout)."""
         from ..checkpointing.layout import whole_optimizer_layout
+        if self.state.parallel_layout.tp > 1:
+            from ..runtime.models import extract_model_from_parallel
+            from ..tensor_parallel.logical import optimizer_layout
+            return optimizer_layout(optimizer, extract_model_from_parallel(model), self.state.process_index,
+                                    self.state.num_processes, owner=self.dp.rank == 0)
         return whole_optimizer_layout(optimizer, model, self.state.process_index, self.state.num_processes)
 
     def optimizer_model(self, optimizer: torch.optim.Optimizer) -> Optional[torch.nn.Module]:

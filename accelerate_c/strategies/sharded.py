@@ -196,8 +196,12 @@ class ShardedDataParallel(BucketedDataParallel):
             sp.before_step()
         comm = mine[0].engine.comm
 
-        def agree(found: torch.Tensor) -> None:
+        mp = self.mp
+
+        def agree(found: torch.Tensor) -> None:  # over the data-parallel ranks, then over one replica's ranks
             found.copy_(comm.all_reduce(found, "max", control=True, world=True))
+            if mp.size > 1:
+                mp.group.all_reduce(found, "max")
         precision.unscale_(optimizer, agree=agree)
 
     def low_precision_copies(self, optimizer: torch.optim.Optimizer) -> Optional[dict]:
@@ -244,8 +248,10 @@ class ShardedDataParallel(BucketedDataParallel):
             raise NotImplementedError("clip_grad_norm_ with several sharded models prepared")
         sp = self.sharded[0]
         known = set(sp.engine.index) | set(sp.of_piece)
-        rep = [p.grad for p in params if id(p) not in known and p.grad is not None]
-        return sp.clip_grad_norm_(params, max_norm, norm_type, rep)
+        rep = [p for p in params if id(p) not in known]
+        layout = self.state.parallel_layout  # tensor parallelism: TP slices summed over the TP group too
+        return sp.clip_grad_norm_(params, max_norm, norm_type, rep, layout.tp_group,
+                                  lambda p: getattr(p, "_tp_slice", None) is not None)
 
     @contextlib.contextmanager
     def join(self, joinables: list, enable: bool = True) -> Iterator[None]:
@@ -287,8 +293,15 @@ class ShardedDataParallel(BucketedDataParallel):
         at a time) or, rank0_only=False, on every rank."""
         from ..sharding.statedict import full_state_dict
         from ..runtime.models import extract_model_from_parallel
+        inner = extract_model_from_parallel(model)
+        if self.state.parallel_layout.tp > 1:  # each TP rank's local tensors, then the TP blocks gathered over the
+            from ..tensor_parallel.logical import gather_slices, specs_by_name  # TP group (all keep or none)
+            keep = not rank0_only or self.dp.rank == 0
+            local = full_state_dict(inner, self._engine_of(model), keep, dtype)
+            out = gather_slices(local, specs_by_name(inner), self.state.parallel_layout.tp_group, keep) if keep else {}
+            return out if not rank0_only or self.state.process_index == 0 else {}
         keep = not rank0_only or self.state.process_index == 0
-        return full_state_dict(extract_model_from_parallel(model), self._engine_of(model), keep, dtype)
+        return full_state_dict(inner, self._engine_of(model), keep, dtype)
 
     def model_slices(self, model: torch.nn.Module) -> list:
         """Each unit parameter's piece of this rank's fp32 master shard (under every name it is registered by);
@@ -297,7 +310,12 @@ class ShardedDataParallel(BucketedDataParallel):
         if engine is None:
             return super().model_slices(model)
         from ..sharding.checkpoint import engine_model_slices
-        return engine_model_slices(engine, self.state.process_index, self.state.num_processes)
+        slices = engine_model_slices(engine, self.state.process_index, self.state.num_processes)
+        if self.state.parallel_layout.tp > 1:  # pieces of the TP blocks, as ranges of the logical tensors
+            from ..tensor_parallel.logical import logical_slices, specs_by_name
+            return logical_slices(slices, specs_by_name(engine.model), owner=self.dp.rank == 0,
+                                  tp_first=self.state.parallel_layout.tp_rank == 0, pieces=self._piece_names(engine))
+        return slices
 
     def optimizer_layout(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list:
         """Each optimizer parameter: a shard piece (start, numel, local 1-D shape) or a whole replicated one."""
@@ -306,7 +324,17 @@ class ShardedDataParallel(BucketedDataParallel):
             return super().optimizer_layout(optimizer, model)
         from ..sharding.checkpoint import engine_optimizer_layout
         sp = self.sharded[self.engines.index(engine)]
-        return engine_optimizer_layout(engine, sp, optimizer, self.state.process_index, self.state.num_processes)
+        slots = engine_optimizer_layout(engine, sp, optimizer, self.state.process_index, self.state.num_processes)
+        if self.state.parallel_layout.tp > 1:
+            from ..tensor_parallel.logical import logical_slots, specs_by_name
+            return logical_slots(slots, specs_by_name(engine.model), owner=self.dp.rank == 0,
+                                 tp_first=self.state.parallel_layout.tp_rank == 0, pieces=self._piece_names(engine))
+        return slots
+
+    @staticmethod
+    def _piece_names(engine: Any) -> set[str]:
+        """Every name of the engine's unit parameters (held as shard pieces)."""
+        return {n for n, p in engine.model.named_parameters(remove_duplicate=False) if id(p) in engine.index}
 
     def optimizer_model(self, optimizer: torch.optim.Optimizer) -> Optional[torch.nn.Module]:
         """The user model whose shard pieces this optimizer steps (its parameters are pieces, not the model's)."""
