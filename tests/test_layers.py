@@ -19,7 +19,7 @@ LAYERS = [
                 "accelerate_c.ops"]),
     ("strategies", ["accelerate_c.strategies"]),
     ("engines", ["accelerate_c.sharding", "accelerate_c.ddp", "accelerate_c.checkpointing", "accelerate_c.data",
-                 "accelerate_c.tracking"]),
+                 "accelerate_c.tracking", "accelerate_c.pipeline"]),
     ("precision", ["accelerate_c.precision"]),
     ("deepspeed", ["accelerate_c.deepspeed"]),
     ("runtime", ["accelerate_c.runtime"]),
