@@ -80,20 +80,27 @@ def _positions(mb: dict, hidden: torch.Tensor) -> torch.Tensor:
 
 
 class LlamaLike(_CausalLM):
-    """LlamaForCausalLM and the models whose base forward is Llama's (LLAMA_LIKE)."""
+    """LlamaForCausalLM and the models whose base forward is Llama's (LLAMA_LIKE). The modules come from the config's
+    base_model_pp_plan (embed_tokens / layers / norm under the base model's prefix) and the head's _pp_plan."""
 
-    layer_path = "model.layers"
-    first = ("model.embed_tokens",)
-    last = ("model.norm", "lm_head")
+    def __init__(self, model: nn.Module) -> None:
+        plan = dict(getattr(model.config, "base_model_pp_plan", None) or {})
+        if set(plan) != {"embed_tokens", "layers", "norm"}:
+            raise ValueError(f"{type(model).__name__}: base_model_pp_plan {sorted(plan)} is not the embed_tokens / "
+                             "layers / norm plan the pipeline follows")
+        self.base = base = getattr(model, "base_model_prefix", "model") or "model"
+        self.layer_path, self.first = f"{base}.layers", (f"{base}.embed_tokens",)
+        self.last = (f"{base}.norm",) + tuple(getattr(model, "_pp_plan", None) or {"lm_head": None})
 
     def embed(self, model: nn.Module, mb: dict) -> torch.Tensor:
         if mb.get("inputs_embeds") is not None:
             return mb["inputs_embeds"]
-        return model.model.embed_tokens(mb["input_ids"])
+        return getattr(model, self.base).embed_tokens(mb["input_ids"])
 
     def context(self, model: nn.Module, mb: dict, hidden: torch.Tensor) -> dict:
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
-        cfg = model.model.config
+        base = getattr(model, self.base)
+        cfg = base.config
         pos = _positions(mb, hidden)
         kw = dict(config=cfg, inputs_embeds=hidden, attention_mask=mb.get("attention_mask"), cache=None,
                   position_ids=pos)
@@ -102,7 +109,7 @@ class LlamaLike(_CausalLM):
         if (types and "sliding_attention" in types) or (not types and getattr(cfg, "sliding_window", None)):
             masks["sliding_attention"] = create_sliding_window_causal_mask(**kw)
         return {"pos": pos, "masks": masks, "types": types,
-                "rope": model.model.rotary_emb(hidden, position_ids=pos)}
+                "rope": base.rotary_emb(hidden, position_ids=pos)}
 
     def layer(self, model: nn.Module, idx: int, module: nn.Module, hidden: torch.Tensor, ctx: dict) -> torch.Tensor:
         masks = ctx["masks"]
@@ -111,7 +118,7 @@ class LlamaLike(_CausalLM):
         return module(hidden, attention_mask=masks[kind], position_embeddings=ctx["rope"], position_ids=ctx["pos"])
 
     def head(self, model: nn.Module, hidden: torch.Tensor, mb: dict, info: dict) -> tuple:
-        logits = model.lm_head(model.model.norm(hidden))
+        logits = model.lm_head(getattr(model, self.base).norm(hidden))
         return self._loss(model, logits, mb, info), logits
 
 
@@ -181,7 +188,7 @@ def adapter_for(model: nn.Module, *, layers: Optional[str] = None, first: tuple 
     cfg: Any = getattr(model, "config", None)
     mtype = getattr(cfg, "model_type", None)
     if mtype in LLAMA_LIKE and hasattr(model, "lm_head") and hasattr(getattr(model, "model", None), "layers"):
-        return LlamaLike()
+        return LlamaLike(model)
     if mtype == "gpt2" and hasattr(model, "lm_head") and hasattr(getattr(model, "transformer", None), "h"):
         return GPT2()
     raise ValueError(f"no pipeline plan for {type(model).__name__} (model_type={mtype!r}): known are the causal LMs "
