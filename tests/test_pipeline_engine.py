@@ -170,6 +170,9 @@ def test_stage_cuts():
     assert st.plan_stages(6, 3, split=[2, "model.layers.4"], layer_path="model.layers") == [[0, 1], [2, 3], [4, 5]]
     assert st.plan_stages(8, 4, equal=True) == [[0, 1], [2, 3], [4, 5], [6, 7]]
     model = _model("llama")
+    from accelerate_c.pipeline.adapters import adapter_for
+    plan = adapter_for(model)  # from base_model_pp_plan and the head's _pp_plan
+    assert (plan.first, plan.layer_path, plan.last) == (("model.embed_tokens",), "model.layers", ("model.norm", "lm_head"))
     groups = st.tied_groups(_model("gpt2"))
     assert groups == [["transformer.wte.weight", "lm_head.weight"]]
     st.prune(model, "model.layers", {2, 3}, ["model.embed_tokens"])

@@ -90,7 +90,9 @@ class LlamaLike(_CausalLM):
                              "layers / norm plan the pipeline follows")
         self.base = base = getattr(model, "base_model_prefix", "model") or "model"
         self.layer_path, self.first = f"{base}.layers", (f"{base}.embed_tokens",)
-        self.last = (f"{base}.norm",) + tuple(getattr(model, "_pp_plan", None) or {"lm_head": None})
+        # the head's plan (the class's: an instance's _pp_plan also lists the base model's modules, prefixed)
+        head = [k for k in (getattr(type(model), "_pp_plan", None) or {"lm_head": None}) if not k.startswith(base + ".")]
+        self.last = (f"{base}.norm",) + tuple(head)
 
     def embed(self, model: nn.Module, mb: dict) -> torch.Tensor:
         if mb.get("inputs_embeds") is not None:

@@ -85,7 +85,7 @@ class PipelineEngine(nn.Module):
         self.runner = Runner(rank, self.num_stages, self._stage_fn, self.transport,
                              {(k, s): i for i, (_, _, k, s) in enumerate(chans)}, store=self.store,
                              param_ptrs={p.untyped_storage().data_ptr() for p in model.parameters()},
-                             autocast=autocast_dtype, track_memory=track_memory, device_type=self.device.type)
+                             autocast=autocast_dtype, track_memory=track_memory, device=self.device)
         self._sync_tied(values=True)
 
     # ---- stages ----------------------------------------------------------------------------------------------
@@ -196,14 +196,15 @@ class PipelineEngine(nn.Module):
                 loss = sum(results[i][0].float() for i in range(self.m))
         if self.transport is None or self.eval_outputs == "last":
             return PipelineOutput(loss=loss, logits=logits)
-        head = torch.zeros(12, dtype=torch.int64)
+        head = torch.zeros(12, dtype=torch.int64, device=self.device)
         if self.rank == last:
-            head[0], head[1], head[2] = int(loss is not None), DTYPES.index(logits.dtype), logits.dim()
-            head[3:3 + logits.dim()] = torch.tensor(logits.shape)
+            head = torch.tensor([int(loss is not None), DTYPES.index(logits.dtype), logits.dim(), *logits.shape] +
+                                [0] * (9 - logits.dim()), dtype=torch.int64, device=self.device)
         self.transport.broadcast(head, last)
+        has_loss, code, ndim, *dims = head.tolist()
         if self.rank != last:
-            logits = torch.empty([int(d) for d in head[3:3 + int(head[2])]], dtype=DTYPES[int(head[1])])
-            loss = torch.zeros((), dtype=torch.float32) if int(head[0]) else None
+            logits = torch.empty(dims[:ndim], dtype=DTYPES[code], device=self.device)
+            loss = torch.zeros((), dtype=torch.float32, device=self.device) if has_loss else None
         self.transport.broadcast(logits.contiguous(), last)
         if loss is not None:
             self.transport.broadcast(loss, last)

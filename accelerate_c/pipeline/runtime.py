@@ -46,14 +46,15 @@ class Runner:
 
     def __init__(self, rank: int, num_stages: int, stage_fn: Callable, transport: Any, channels: dict, *,
                  store: WeightGrads, param_ptrs: set, autocast: Optional[torch.dtype] = None,
-                 track_memory: bool = False, device_type: str = "cpu") -> None:
+                 track_memory: bool = False, device: torch.device = torch.device("cpu")) -> None:
         self.rank, self.S, self.stage_fn = rank, num_stages, stage_fn
         self.transport, self.channels = transport, channels
         self.store, self.param_ptrs, self.autocast, self.track_memory = store, param_ptrs, autocast, track_memory
-        self.device_type = device_type
+        self.device = torch.device(device)
         self._meta_seen: dict = defaultdict(dict)   # channel -> {signature: (dtype, shape)}, both ends alike
         self._step = 0
-        self.timeline: list = []   # (op, mb, stage, start, end) of the last step, seconds from its start
+        self.timeline: list = []   # (op, mb, stage, start, end) of the last step, seconds from its start (t0)
+        self.t0 = 0.0              # time.perf_counter() at the last step's start (CLOCK_MONOTONIC: one clock per host)
         self.peak_bytes: dict = {}  # stage -> peak activation bytes held in the last step (track_memory)
 
     # ---- tags and shapes ----------------------------------------------------------------------------------------
@@ -76,7 +77,7 @@ class Runner:
         self._f_posted: dict = defaultdict(deque)    # channel -> (mb, stage, work, buffer)
         self._has_w = {(a.mb, a.stage) for a in sched.actions[self.rank] if a.op == W}
         self.timeline, self.peak_bytes, self._live = [], {}, defaultdict(int)
-        self._t0 = time.perf_counter()
+        self._t0 = self.t0 = time.perf_counter()
         results: dict = {}
         for a in sched.actions[self.rank]:
             if a.op == RECV_F:
@@ -136,7 +137,7 @@ class Runner:
             slot.inp = prev.out.detach().requires_grad_(self._train and prev.out.is_floating_point())
             if not self._train:
                 del self._slots[(mb, s - 1)]
-        amp = (torch.autocast(self.device_type, dtype=self.autocast) if self.autocast is not None else nullcontext())
+        amp = (torch.autocast(self.device.type, dtype=self.autocast) if self.autocast is not None else nullcontext())
         hooks = nullcontext()
         if self.track_memory and self._train:
             hooks = torch.autograd.graph.saved_tensors_hooks(lambda x: self._pack(slot, x), lambda x: x)
@@ -203,9 +204,8 @@ class Runner:
                 raise ValueError(f"pipeline stage {s} output of shape {tuple(x.shape)} and dtype {x.dtype} cannot "
                                  "cross a stage boundary")
             seen[self._sig] = (x.dtype, tuple(x.shape))
-            meta = torch.zeros(META_LEN, dtype=torch.int64)
-            meta[0], meta[1] = DTYPES.index(x.dtype), x.dim()
-            meta[2:2 + x.dim()] = torch.tensor(x.shape)
+            meta = torch.tensor([DTYPES.index(x.dtype), x.dim(), *x.shape] + [0] * (META_LEN - 2 - x.dim()),
+                                dtype=torch.int64, device=self.device)
             self._sends.append(self.transport.send(ch, meta, self._tag(KIND_META, mb, s)))
         self._sends.append(self.transport.send(ch, x, self._tag(KIND_F, mb, s)))
         if self._train:  # the gradient that answers it: post its receive now
@@ -220,16 +220,16 @@ class Runner:
         known = self._meta_seen[ch].get(self._sig)
         while pending and len(posted) < POST_AHEAD and known is not None:
             mb, s = pending.popleft()
-            buf = torch.empty(known[1], dtype=known[0])
+            buf = torch.empty(known[1], dtype=known[0], device=self.device)
             posted.append((mb, s, self.transport.recv(ch, buf, self._tag(KIND_F, mb, s - 1)), buf))
 
     def _recv_f(self, mb: int, s: int) -> torch.Tensor:
         ch = self.channels[("F", s - 1)]
         if self._sig not in self._meta_seen[ch]:  # a new signature: its shape comes first
-            meta = torch.empty(META_LEN, dtype=torch.int64)
+            meta = torch.empty(META_LEN, dtype=torch.int64, device=self.device)
             self.transport.recv(ch, meta, self._tag(KIND_META, mb, s - 1)).wait()
-            ndim = int(meta[1])
-            self._meta_seen[ch][self._sig] = (DTYPES[int(meta[0])], tuple(int(d) for d in meta[2:2 + ndim]))
+            code, ndim, *dims = meta.tolist()
+            self._meta_seen[ch][self._sig] = (DTYPES[code], tuple(dims[:ndim]))
             self._post_f(ch)
         pmb, ps, work, buf = self._f_posted[ch].popleft()
         assert (pmb, ps) == (mb, s), f"posted receive {(pmb, ps)} answers RECV_F{mb}@{s}"
