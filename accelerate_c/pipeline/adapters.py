@@ -91,7 +91,8 @@ class LlamaLike(_CausalLM):
         self.base = base = getattr(model, "base_model_prefix", "model") or "model"
         self.layer_path, self.first = f"{base}.layers", (f"{base}.embed_tokens",)
         # the head's plan (the class's: an instance's _pp_plan also lists the base model's modules, prefixed)
-        head = [k for k in (getattr(type(model), "_pp_plan", None) or {"lm_head": None}) if not k.startswith(base + ".")]
+        plan_head = getattr(type(model), "_pp_plan", None) or {"lm_head": None}
+        head = [k for k in plan_head if not k.startswith(base + ".")]
         self.last = (f"{base}.norm",) + tuple(head)
 
     def embed(self, model: nn.Module, mb: dict) -> torch.Tensor:
