@@ -2,7 +2,8 @@
 # of every size (empty, one chunk, many chunks through a ring smaller than the message) and dtype arrive intact and in
 # order with receives posted ahead, both directions at once (no deadlock when both sides send more than a ring
 # holds), over the shm rings and over torch's isend/irecv (the same results); a receive that expects another tag
-# fails on both ranks naming the tags; an abort, and a peer that dies, end the peers' waits promptly with the reason.
+# fails on both ranks naming the tags; an abort, and a peer that dies, end the peers' waits promptly with the reason
+# (and the dead maker's segments are not left in /dev/shm).
 # Not for: pipeline schedules (test_pipeline_*.py), collectives (test_shm.py).
 import os
 import time
@@ -107,9 +108,11 @@ def test_abort_stops_the_peer(kind):
     assert float(out[1].rsplit(" ", 1)[1]) < 5.0, out[1]
 
 
-def _dies(rank, ws):
+def _dies(rank, ws, pidfile):
     t, chans = _transport("shm", ws)
     if rank == 0:
+        with open(pidfile, "w") as fh:
+            fh.write(str(os.getpid()))  # rank 0 made the segments: their names carry its pid
         time.sleep(0.3)
         os._exit(0)
     try:
@@ -119,6 +122,9 @@ def _dies(rank, ws):
     return "no error"
 
 
-def test_dead_peer():
-    out = run(_dies, 2, allow_missing=(0,), timeout=60)
+def test_dead_peer(tmp_path):
+    pidfile = str(tmp_path / "pid")
+    out = run(_dies, 2, pidfile, allow_missing=(0,), timeout=60)
     assert "peer rank 0" in out[1] and "died" in out[1], out[1]
+    pid = open(pidfile).read()
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith("accc-") and f"-{pid}-" in n]  # nothing left

@@ -88,11 +88,12 @@ def test_num_items_from_the_batch_checkpointing_and_accumulation():
     ref = _model("llama")
     for b in (batch, batch2):  # Trainer-style: both halves normalised by one count, gradients accumulated
         ref(**b, num_items_in_batch=items).loss.backward()
-    eng = PipelineEngine(_model("llama"), rank=0, size=1, schedule="1f1b", num_micro_batches=2,
-                         activation_checkpointing=True)
+    eng = PipelineEngine(_model("llama"), rank=0, size=1, schedule="interleaved_1f1b", num_micro_batches=2,
+                         virtual_stages=2, activation_checkpointing=[1], track_memory=True)
     for b in (batch, batch2):
         eng(**b, num_items_in_batch=items)
     _close(_grads(eng.module), _grads(ref))
+    assert eng.runner.peak_bytes[1] < eng.runner.peak_bytes[0] / 2  # stage 1 recomputes: it keeps only layer inputs
     # HF's gradient_accumulation_steps=2: scale_loss divides each micro-batch's share, sync on the second only
     ref2 = _model("llama")
     for b in (batch, batch2):

@@ -37,6 +37,12 @@ def test_parity_pp2(tmp_path, run, model):
     layer = {"llama": "model.layers.", "gpt2": "transformer.h."}[model]
     assert {n.split(".")[2] for n in r0[0]["held"] if n.startswith(layer)} == {"0", "1"}
     assert {n.split(".")[2] for n in r1[0]["held"] if n.startswith(layer)} == {"2", "3"}
+    # checkpoints: every logical tensor has one writer, a rank that holds it (a tied weight: its first holder)
+    owners = r0[0]["owners"]
+    assert r1[0]["owners"] == owners  # every rank computes the same writers
+    tied = {"lm_head.weight": "transformer.wte.weight"} if model == "gpt2" else {}
+    assert all(tied.get(n, n) in (r0, r1)[owners[n]][0]["held"] for n in owners)
+    assert owners["lm_head.weight"] == (0 if model == "gpt2" else 1)  # GPT-2's head is the tied wte: rank 0
 
 
 def test_parity_pp4(tmp_path, run):

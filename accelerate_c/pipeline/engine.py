@@ -19,7 +19,7 @@
 # `engine.parameters()`; clip_grad_norm_ here gives the norm over every stage).
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -46,12 +46,14 @@ class PipelineOutput(dict):
 
 class PipelineEngine(nn.Module):
     """See the header. `split`: split points (layer indices or module names, see stages.py); `layers`/`first`/`last`/
-    `loss_fn`/`input_key`: a chain model's plan (adapters.py)."""
+    `loss_fn`/`input_key`: a chain model's plan (adapters.py); `activation_checkpointing`: True (every stage) or the
+    stages whose layers recompute their activations in backward; `autocast_dtype`: torch.autocast around each F."""
 
     def __init__(self, model: nn.Module, *, rank: int, size: int, group: Any = None, schedule: str = "1f1b",
                  num_micro_batches: Optional[int] = None, virtual_stages: int = 1, split: st.Split = None,
                  layers: Optional[str] = None, first: Sequence[str] = (), last: Sequence[str] = (),
-                 loss_fn: Optional[Callable] = None, input_key: str = "input", activation_checkpointing: bool = False,
+                 loss_fn: Optional[Callable] = None, input_key: str = "input",
+                 activation_checkpointing: Union[bool, Sequence[int]] = False,
                  autocast_dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None,
                  transport: str = "auto", eval_outputs: str = "all", track_memory: bool = False,
                  p2p_options: Optional[dict] = None) -> None:
@@ -63,7 +65,9 @@ class PipelineEngine(nn.Module):
         m = num_micro_batches if num_micro_batches is not None else size
         check_sizes(schedule, size, m, virtual_stages)
         self.rank, self.p, self.v, self.m, self.num_stages = rank, size, virtual_stages, m, size * virtual_stages
-        self.schedule_name, self.eval_outputs, self.checkpointing = schedule, eval_outputs, activation_checkpointing
+        self.schedule_name, self.eval_outputs = schedule, eval_outputs
+        ckpt = activation_checkpointing
+        self.checkpointing = set(range(self.num_stages)) if ckpt is True else set(ckpt or ())
         self.scale_loss: Optional[Callable] = None
         self.sync_grads = True
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -133,12 +137,21 @@ class PipelineEngine(nn.Module):
                 return [self.num_stages - 1]
         return list(range(self.num_stages))
 
+    def checkpoint_owner(self, name: str) -> int:
+        """The pipeline rank that writes logical tensor `name` to a checkpoint: the holder of its first stage (a tied
+        weight: its first holder, which may hold it under another of its names; rank 0 for a tensor every stage
+        holds). Every rank computes the same answer."""
+        for names in self.tied:
+            if name in names:
+                return min(s % self.p for n in names for s in self.stage_of(n))
+        return min(s % self.p for s in self.stage_of(name))
+
     def _stage_fn(self, s: int, mb: dict, x: Optional[torch.Tensor]) -> Any:
         a, model = self.adapter, self.module
         h = a.embed(model, mb) if s == 0 else x
         ctx = a.context(model, mb, h)
         for i in self.stage_layers[s]:
-            if self.checkpointing and torch.is_grad_enabled():
+            if s in self.checkpointing and torch.is_grad_enabled():
                 h = torch.utils.checkpoint.checkpoint(a.layer, model, i, self._layers[i], h, ctx, use_reentrant=False)
             else:
                 h = a.layer(model, i, self._layers[i], h, ctx)

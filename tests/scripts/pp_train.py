@@ -96,7 +96,8 @@ def parity_case(case: str, rank: int, size: int, args) -> dict:
     torch.testing.assert_close(out.logits, want.logits, rtol=1e-5, atol=1e-5)
     assert abs(out.loss.item() - want.loss.item()) <= 1e-5 * want.loss.item(), (out.loss, want.loss)
     eng.close()
-    return {"case": case, "losses": losses, "held": sorted(held)}
+    owners = {n: eng.checkpoint_owner(n) for n in ref_params}
+    return {"case": case, "losses": losses, "held": sorted(held), "owners": owners}
 
 
 def memory(rank: int, size: int, args) -> dict:
