@@ -182,8 +182,8 @@ class TorchP2P:
         return tensor
 
     def abort(self, message: str) -> None:
-        if self._store is not None:
-            self._store.set(self._key, f"rank {self.rank} reported: {message}")
+        if self._store is not None:  # the first abort's message stays (a peer failing because of it adds nothing)
+            self._store.compare_set(self._key, "", f"rank {self.rank} reported: {message}")
 
     def close(self) -> None:
         pass

@@ -7,7 +7,8 @@
 # micro-batch's keys, shapes and dtypes, the same on every rank of the pipeline) on a channel is preceded by a small
 # meta message (dtype, shape); gradients have the shape of the activation they answer. An edge between two stages of
 # one rank passes tensors directly. Any exception aborts the transport (every peer's waits fail naming this rank and
-# the error) before it propagates, so no stage is left waiting.
+# the error) and waits for this rank's requests in flight to fail (their buffers stay alive until then) before it
+# propagates, so no stage is left waiting.
 # Measures: per-step timeline of the compute actions (busy time per stage, for the bubble), and with track_memory the
 # bytes of activations each stage holds (tensors autograd saves during F, parameters excluded; a micro-batch's bytes
 # count until its backward, or its W, finished).
@@ -92,11 +93,23 @@ class Runner:
         except BaseException as e:
             if self.transport is not None:
                 self.transport.abort(f"pipeline rank {self.rank} raised {type(e).__name__}: {e}"[:380])
+                self._drain()
             raise
         finally:
             self._slots = self._grad_recv = self._f_posted = None
             self._sends = []
         return results
+
+    def _drain(self) -> None:
+        """After an abort: waits for every request still in flight (they fail at once) before their buffers are
+        dropped, so the transport never copies into or out of freed memory."""
+        works = list(self._sends) + [w for w, _ in self._grad_recv.values()]
+        works += [w for q in self._f_posted.values() for _, _, w, _ in q]
+        for w in works:
+            try:
+                w.wait()
+            except Exception:  # the abort's error, already reported by the caller's exception
+                pass
 
     def _do(self, a: Any, results: dict) -> None:
         slot = self._slots[(a.mb, a.stage)]
