@@ -33,6 +33,8 @@ static acc_shm_group *get_group(PyObject *cap, const char *what) {
     return b->g;
 }
 
+struct acc_shm_group *acc_shm_group_of(PyObject *cap, const char *what) { return get_group(cap, what); }
+
 static int nargs_ok(Py_ssize_t nargs, Py_ssize_t want, const char *name) {
     if (nargs == want) return 1;
     PyErr_Format(PyExc_TypeError, "%s takes exactly %zd arguments (%zd given)", name, want, nargs);

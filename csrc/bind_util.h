@@ -26,6 +26,10 @@ extern PyMethodDef acc_core_methods[];
 extern PyMethodDef acc_ops_methods[];
 extern PyMethodDef acc_optim_methods[];
 extern PyMethodDef acc_shm_methods[];
+extern PyMethodDef acc_p2p_methods[];
+
+/* The C group behind a ShmGroup's handle (bind_shm.c), or NULL with an exception set (a closed group too). */
+struct acc_shm_group *acc_shm_group_of(PyObject *cap, const char *what);
 
 /* Creates the Accelerator heap type for `module` (accel_type.c). */
 PyObject *acc_accelerator_type_create(PyObject *module);

@@ -151,7 +151,8 @@ static int acc_exec(PyObject *m) {
     st->str_dlpack = PyUnicode_InternFromString("__dlpack__");
     st->str_detach = PyUnicode_InternFromString("detach");
     if (!st->str_dlpack || !st->str_detach) return -1;
-    PyMethodDef *tables[] = {acc_core_methods, acc_ops_methods, acc_optim_methods, acc_shm_methods};
+    PyMethodDef *tables[] = {acc_core_methods, acc_ops_methods, acc_optim_methods, acc_shm_methods,
+                             acc_p2p_methods};
     for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++)
         if (PyModule_AddFunctions(m, tables[i]) < 0) return -1;
     st->accelerator_type = acc_accelerator_type_create(m);

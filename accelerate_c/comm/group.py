@@ -15,7 +15,8 @@
 # `op` is "sum" | "avg" | "max" | "min" | "sum_div" (the sum, then divided by the group size as torch divides)
 # (or a dist.ReduceOp).
 # Non-CPU tensors always go to torch.distributed on `pg` (NCCL/gloo). ACCELERATE_C_COMM=torch forces the plain
-# torch path. `group_for_device` is the one place that chooses shared memory or the process group for a device.
+# torch path. `group_for_device` is the one place that chooses shared memory or the process group for a device, and
+# `p2p_for_device` the one place that chooses the point-to-point transport (comm/p2p.py) the same way.
 from __future__ import annotations
 
 import socket
@@ -25,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from accelerate_c.base import settings
+from accelerate_c.comm.p2p import ShmP2P, TorchP2P
 from accelerate_c.comm.shm import ShmGroup, _op_code, check_scatter_input
 
 # avg and sum_div = sum / n: torch's division of the summed tensor
@@ -275,6 +277,19 @@ def group_for_device(device: torch.device, transport: str = "auto", dim: Any = N
     if torch.device(device).type == "cpu" and transport != "torch":
         return get_group() if dim is None else dim.group
     return TorchGroup(None if dim is None else dim.process_group)
+
+
+def p2p_for_device(device: torch.device, pg: Optional[dist.ProcessGroup], channels: Any, transport: str = "auto",
+                   **options: Any) -> Any:
+    """The one choice of a point-to-point transport (comm/p2p.py) for `channels` ((src, dst) group ranks) between the
+    ranks of `pg`: shared-memory rings when the tensors live on the CPU and every rank of `pg` is on this host (its
+    group from get_group is a ShmGroup), torch.distributed isend/irecv otherwise or when `transport` is "torch".
+    Collective (every rank of `pg` calls it with the same arguments). `options`: the rings' nslots / slot_bytes."""
+    if torch.device(device).type == "cpu" and transport != "torch":
+        inner = getattr(get_group(pg), "inner", None)
+        if isinstance(inner, ShmGroup):
+            return ShmP2P(inner, channels, **options)
+    return TorchP2P(pg, channels)
 
 
 def release_groups() -> None:

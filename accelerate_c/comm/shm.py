@@ -121,6 +121,7 @@ class ShmGroup:
         self._queue: Optional[queue.SimpleQueue] = None
         self._pending: list[Work] = []
         self._lock = threading.Lock()
+        self._dependents: list[Callable[[], None]] = []  # closed before the segment (p2p channels over it)
         self._h, self.name = open_group(self, small_bytes, chunk_bytes, tag or settings.env_value("MASTER_PORT", "0"))
 
     # ---- collective plumbing over the bootstrap process group ------------------------------------------
@@ -326,6 +327,15 @@ class ShmGroup:
         """The byte range of the whole pages inside [start, start + nbytes) of a map (empty: end <= begin)."""
         return -(-start // _PAGE) * _PAGE, (start + nbytes) // _PAGE * _PAGE
 
+    def region_of(self, t: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(the whole region, every rank's part, as one uint8 tensor; its bytes per part) of a tensor from alloc()."""
+        _mm, whole, part, _off = self._locate(t, "region_of")
+        return whole, part
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Runs fn() when the group closes, before its segment is unmapped (users of the C group handle)."""
+        self._dependents.append(fn)
+
     def parts(self, t: torch.Tensor) -> list[torch.Tensor]:
         """For a tensor from alloc() (or a contiguous slice of one): the same elements in every rank's part,
         indexed by group rank (entry `rank` is `t` itself). Peers' parts can be read and written directly;
@@ -366,6 +376,9 @@ class ShmGroup:
         try:
             self.synchronize()
         finally:
+            for fn in reversed(self._dependents):
+                fn()
+            self._dependents.clear()
             if self._queue is not None:
                 self._queue.put(None)
                 self._queue = None

@@ -118,5 +118,7 @@ void shm_arrive(acc_shm_group *g);
 acc_status shm_wait_all(acc_shm_group *g, const char *opname, long spin_ns);
 /* Marks the group unusable for every rank, with a message peers will report. */
 void shm_abort(acc_shm_group *g, const char *msg);
+/* 1 when process `pid` is gone (or a zombie); 0 for pid <= 0 or when it cannot tell. */
+int shm_pid_dead(int32_t pid);
 
 #endif

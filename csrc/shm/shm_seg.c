@@ -55,7 +55,7 @@ static inline int reached(uint32_t have, uint32_t want) { return (int32_t)(have 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 /* 1 when the process is gone (or a zombie). */
-static int pid_dead(int32_t pid) {
+int shm_pid_dead(int32_t pid) {
     if (pid <= 0) return 0;
     if (kill(pid, 0) < 0 && errno == ESRCH) return 1;
     char path[64], buf[512];
@@ -104,7 +104,7 @@ static void missing_list(acc_shm_group *g, uint32_t want, char *buf, size_t cap,
     for (int q = 0; q < g->nranks && len + 32 < cap; q++) {
         if (q == g->rank || reached(atomic_load(&g->slots[q].phase), want)) continue;
         int32_t pid = atomic_load(&g->slots[q].pid);
-        if (with_pid && !pid_dead(pid)) continue;
+        if (with_pid && !shm_pid_dead(pid)) continue;
         len += (size_t)snprintf(buf + len, cap - len, "%s%d (pid %d)", len ? ", " : "", q, (int)pid);
     }
 }
