@@ -12,7 +12,7 @@
 # DIR on PYTHONPATH: pip must never replace torch). Here the 1 GiB copy is one more method of the interleaved reps
 # (the host's copy bandwidth swings between runs), and each bound is its bytes at the copy's median bandwidth of the
 # same reps, so each % is a same-run ratio of medians; the best-copy figure is printed beside it.
-# --lowbit also reports each kernel's regime: its compute rate on a mostly cache-resident 4M-parameter list
+# --lowbit also reports each kernel's regime: its one-thread compute rate on an L3-resident 1M-parameter buffer
 # against its bytes bound, so a host where fewer bytes buy nothing (the step is compute-bound) shows it.
 # Not for: correctness (tests/test_optim.py, tests/test_optim_lowbit.py).
 from __future__ import annotations
@@ -309,28 +309,35 @@ def lowbit_main(args) -> None:
 
 
 def regime(kw: dict, bpp: dict, res: dict, n: int, bw: float, reps: int) -> list[str]:
-    """Which bound a kernel meets on this host. Its compute rate is measured on a 4M-parameter list (16 tensors,
-    64 MiB with fp32 state: mostly cache-resident here, so DRAM traffic is small): n / rate is the time the step
-    of the big list would take if bytes were free. compute share = that time / the measured time: near 1 the step is
-    compute-bound (fewer bytes buy nothing; the best ratio against torch fused fp32 it can reach is torch's measured
-    time over its compute time), well below 1 it waits on memory. The copy bound beside it is bytes/param at the
-    memcpy bandwidth of the same reps (memcpy is write-heavy: read-heavy steps beat it, see the note above)."""
-    ps = make([(1 << 18,)] * 16)
-    m = sum(p.numel() for p in ps)
+    """Which bound a kernel meets on this host. Its compute rate is measured on ONE thread over one flat 1M-element
+    parameter (16 MiB with fp32 state: L3-resident on the hosts seen, so DRAM and TLB misses are rare), 24 steps a
+    rep; n / (rate x threads) is then the time the big list's step would take if bytes were free (the threads share
+    nothing but the memory system). compute share = that time / the measured time: near 1 (or above: the L3 rate
+    is itself a little memory-bound) the step is compute-bound and fewer bytes buy nothing; the best ratio against
+    torch fused fp32 it can reach is torch's measured time over its compute time. Well below 1 it waits on memory.
+    The copy bound beside it is bytes/param at the memcpy bandwidth of the same reps (memcpy is write-heavy:
+    read-heavy steps beat it, see the note above)."""
+    threads = torch.get_num_threads()
+    ps = make([(1 << 20,)])
+    m = ps[0].numel()
     small = {"torch AdamW(fused=True) fp32": torch.optim.AdamW(ps, fused=True, **kw),
              "accelerate_c AdamW fp32 state": aopt.AdamW(ps, **kw),
              "accelerate_c AdamW bf16 state": aopt.AdamW(ps, state_dtype=torch.bfloat16, **kw),
              "accelerate_c AdamW 8-bit state": aopt.AdamW(ps, state_dtype="8bit", **kw)}
-    t = bench({k: (lambda o=o: [o.step() for _ in range(8)]) for k, o in small.items()}, reps)
+    torch.set_num_threads(1)
+    try:
+        t = bench({k: (lambda o=o: [o.step() for _ in range(24)]) for k, o in small.items()}, reps)
+    finally:
+        torch.set_num_threads(threads)
     base = res["torch AdamW(fused=True) fp32"]
-    out = [f"Regime on this host: compute rate on {m / 1e6:.1f}M params (mostly in cache) and what it means for the "
-           f"{n / 1e6:.1f}M list"]
+    out = [f"Regime on this host: each kernel's compute rate on one thread over {m / 1e6:.1f}M params (L3-resident), "
+           f"times {threads} threads, against the measured step of the {n / 1e6:.1f}M list"]
     for k, v in t.items():
-        rate = 8 * m / v
-        tc, tb = n / rate, bpp[k] * n / bw
+        rate = 24 * m / v
+        tc, tb = n / (rate * threads), bpp[k] * n / bw
         share = tc / res[k]
         which = "compute-bound" if share >= 0.9 else "memory-bound" if share <= 0.75 else "both"
-        out.append(f"  {k:34s} {rate / 1e9:6.3f} Gelem/s in cache: compute {tc * 1e3:7.2f} ms of {res[k] * 1e3:7.2f} ms"
+        out.append(f"  {k:34s} {rate / 1e9:6.3f} Gelem/s per thread: compute {tc * 1e3:7.2f} ms of {res[k] * 1e3:7.2f} ms"
                    f" measured (share {share:4.2f}: {which}); copy bound {tb * 1e3:7.2f} ms; at most "
                    f"{base / tc:5.2f}x torch fused fp32 if memory were free")
     for k, sym in KERNELS.items():
