@@ -10,7 +10,8 @@ import os
 import pytest
 
 CHECKS = {"tp": ["losses", "first_step", "weights", "fp16_agreed_skip"], "tp_sp": ["losses", "first_step", "weights"],
-          "shard_tp": ["losses", "first_step", "weights"], "dp_tp": ["losses", "first_step", "weights"]}
+          "shard_tp": ["losses", "first_step", "weights"], "dp_tp": ["losses", "first_step", "weights"],
+          "tp_fp8": ["losses", "first_step", "weights"]}
 
 
 def _results(path, n, prefix="rank"):
@@ -29,10 +30,12 @@ def _assert_all_ok(path, mode, n):
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("mode", ["tp", "tp_sp", "shard_tp"])
+@pytest.mark.parametrize("mode", ["tp", "tp_sp", "tp_fp8", "shard_tp"])
 def test_tensor_parallel_training_matches_one_process(run, tmp_path, mode):
     """tp=2 (ParallelismConfig; also: an fp16 overflow on one TP rank skips the step on every rank), tp=2 with
-    sequence parallelism (MegatronLMPlugin), tp=2 x dp_shard=2 under FSDP (4 processes)."""
+    sequence parallelism (MegatronLMPlugin), tp=2 with fp8 linears and gradient accumulation (against FP8Linear on
+    one process: the amax of every sliced tensor agreed over the TP group), tp=2 x dp_shard=2 under FSDP (4
+    processes)."""
     n = 4 if mode == "shard_tp" else 2
     run("tp_accel.py", ["--mode", mode, "--out", str(tmp_path)], nproc=n, launcher="accelerate_c", timeout=600)
     _assert_all_ok(tmp_path, mode, n)

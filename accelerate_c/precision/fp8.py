@@ -5,6 +5,9 @@
 # new amax recorded in the same cast pass). Format E4M3 everywhere, or HYBRID: e4m3 forward, e5m2 grads.
 # On a GPU with fp8 support the forward matmul uses torch._scaled_mm; elsewhere it computes on the
 # dequantised values (same numerics, no speed-up).
+# Tensor-parallel linears (the TP engine's classes, marked `fp8_attachable`) are not swapped: they get the same three
+# scaling states, whose amax is agreed (max) over the layer's TP group, so a sliced tensor is scaled as the whole
+# one would be, and quantise through fake_quant / grad_quant (forward casts, straight-through gradients).
 # recompute_context_fn: activation checkpointing's recomputation quantises with the scales its forward used.
 # scaling_state / load_scaling_state: the amax histories as plain data, for save_state (checkpointing/scaling.py).
 # Not for: fp16/bf16 (precision.py) or the cast kernel itself (ops.py, csrc/ops/cast.c).
@@ -71,9 +74,11 @@ def _from_env(var: str, current: Any) -> Any:
 class ScaleState:
     """Per-tensor scaling state: the amax history (delayed scaling) and the scale last used."""
 
-    def __init__(self, dtype: torch.dtype, cfg: FP8Config) -> None:
+    def __init__(self, dtype: torch.dtype, cfg: FP8Config,
+                 reduce: Optional[Callable[[float], float]] = None) -> None:
         self.dtype, self.cfg = dtype, cfg
         self.history: list[float] = []
+        self.reduce = reduce  # the amax agreed over the ranks holding slices of the tensor (None: this rank's)
 
     def _scale_from(self, amax: float) -> float:
         if not (amax > 0.0) or amax == float("inf"):
@@ -88,14 +93,17 @@ class ScaleState:
             amax_hist = max(self.history) if self.cfg.amax_compute_algo == "max" else self.history[-1]
             scale = self._scale_from(amax_hist)
             q, amax = cast(x, self.dtype, scale=scale, return_amax=True)
-            self._record(float(amax))
+            self._record(self._agreed(float(amax)))
             return q, scale
-        amax = float(x.detach().abs().max()) if x.numel() else 0.0
+        amax = self._agreed(float(x.detach().abs().max()) if x.numel() else 0.0)
         scale = self._scale_from(amax)
         q = cast(x, self.dtype, scale=scale)
         if self.cfg.use_delayed_scaling:
             self._record(amax)
         return q, scale
+
+    def _agreed(self, amax: float) -> float:
+        return amax if self.reduce is None else self.reduce(amax)
 
     def _record(self, amax: float) -> None:
         self.history.append(amax)
@@ -164,12 +172,61 @@ class FP8Linear(torch.nn.Linear):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class _FakeQuant(torch.autograd.Function):
+    """t cast to fp8 with `state`'s scale and back (what the matmul of an fp8 layer sees); gradient straight through."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, state: ScaleState) -> torch.Tensor:
+        q, s = state.quantize(t.detach())
+        return _dequant(q, s, t.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        return grad, None
+
+
+class _GradQuant(torch.autograd.Function):
+    """Identity forward; backward casts the output gradient to fp8 with `state` (FP8Linear's g_state) and back."""
+
+    @staticmethod
+    def forward(ctx: Any, y: torch.Tensor, state: ScaleState) -> torch.Tensor:
+        ctx.state = state
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        q, s = ctx.state.quantize(grad.contiguous())
+        return _dequant(q, s, torch.float32).to(grad.dtype), None
+
+
+def fake_quant(t: torch.Tensor, state: ScaleState) -> torch.Tensor:
+    return _FakeQuant.apply(t, state)
+
+
+def grad_quant(y: torch.Tensor, state: ScaleState) -> torch.Tensor:
+    return _GradQuant.apply(y, state)
+
+
+def attach_fp8(module: torch.nn.Module, cfg: FP8Config) -> None:
+    """Gives a tensor-parallel linear (fp8_attachable) FP8Linear's three scaling states, their amax agreed over its
+    group (module.amax_reduce); the layer then quantises itself (tensor_parallel/linear.py)."""
+    grad_dtype = E5M2 if cfg.fp8_format == "HYBRID" else E4M3
+    reduce = module.amax_reduce
+    module.x_state, module.w_state = ScaleState(E4M3, cfg, reduce), ScaleState(E4M3, cfg, reduce)
+    module.g_state = ScaleState(grad_dtype, cfg, reduce)
+
+
+def is_fp8_layer(m: torch.nn.Module) -> bool:
+    """An FP8Linear, or a tensor-parallel linear given the fp8 scaling states (attach_fp8)."""
+    return isinstance(m, FP8Linear) or (getattr(m, "fp8_attachable", False) and hasattr(m, "g_state"))
+
+
 def recompute_context_fn(module: torch.nn.Module) -> Optional[Callable[[], tuple]]:
     """For torch.utils.checkpoint(context_fn=...) around `module` (activation checkpointing): its FP8Linear layers'
     forward scaling state (input and weight amax histories) is set back, for the recomputation in backward, to what
     the forward started from, and restored after it: under delayed scaling the recomputed activations then equal the
     forward's and no amax is recorded twice. None when the module holds no FP8Linear."""
-    states = [s for m in module.modules() if isinstance(m, FP8Linear) for s in (m.x_state, m.w_state)]
+    states = [s for m in module.modules() if is_fp8_layer(m) for s in (m.x_state, m.w_state)]
     if not states:
         return None
 
@@ -203,7 +260,7 @@ def scaling_state(model: torch.nn.Module) -> dict[str, dict[str, list[float]]]:
     [...]}} (copies; empty lists under current scaling). {} when the model holds no FP8Linear. What save_state
     writes per rank (checkpointing/scaling.py): with it a resumed run quantises as the uninterrupted one."""
     return {name: {k: list(getattr(m, f"{k}_state").history) for k in _STATES}
-            for name, m in model.named_modules() if isinstance(m, FP8Linear)}
+            for name, m in model.named_modules() if is_fp8_layer(m)}
 
 
 def load_scaling_state(model: torch.nn.Module, state: Optional[dict], strict: bool = True) -> list[str]:
@@ -213,7 +270,7 @@ def load_scaling_state(model: torch.nn.Module, state: Optional[dict], strict: bo
     the model or names layers the model lacks: ValueError naming them if strict, else the missing layers are
     emptied and the others ignored. Nothing is changed unless the whole state is valid. Returns the names of the
     layers left empty for want of saved state."""
-    layers = {name: m for name, m in model.named_modules() if isinstance(m, FP8Linear)}
+    layers = {name: m for name, m in model.named_modules() if is_fp8_layer(m)}
     state = {} if state is None else state
     if not isinstance(state, dict):
         raise ValueError(f"fp8 scaling state must be a dict of layer name -> histories, got {type(state).__name__}")
@@ -238,17 +295,21 @@ def load_scaling_state(model: torch.nn.Module, state: Optional[dict], strict: bo
 
 
 def uses_delayed_scaling(model: torch.nn.Module) -> bool:
-    return any(m.x_state.cfg.use_delayed_scaling for m in model.modules() if isinstance(m, FP8Linear))
+    return any(m.x_state.cfg.use_delayed_scaling for m in model.modules() if is_fp8_layer(m))
 
 
 def convert_to_fp8(model: torch.nn.Module, cfg: FP8Config) -> torch.nn.Module:
-    """Swaps every nn.Linear the filter accepts (default: all) for FP8Linear, in place."""
+    """Swaps every nn.Linear the filter accepts (default: all) for FP8Linear, in place; a tensor-parallel linear gets
+    the scaling states instead (attach_fp8)."""
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
-            if type(child) is torch.nn.Linear and (cfg.module_filter_func is None
-                                                   or cfg.module_filter_func(child, full)):
+            if cfg.module_filter_func is not None and not cfg.module_filter_func(child, full):
+                continue
+            if type(child) is torch.nn.Linear:
                 setattr(module, child_name, FP8Linear(child, cfg))
+            elif getattr(child, "fp8_attachable", False) and not hasattr(child, "g_state"):
+                attach_fp8(child, cfg)
     return model
 
 

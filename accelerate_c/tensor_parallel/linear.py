@@ -26,11 +26,12 @@ class Share:
     """One application of the shared f: the siblings' stashed output gradients and, under sequence parallelism,
     the input shard and its backward re-gather."""
 
-    __slots__ = ("comm", "sp", "stash", "shard", "regather")
+    __slots__ = ("comm", "sp", "stash", "inputs", "shard", "regather")
 
     def __init__(self, comm: TPComm, sp: bool) -> None:
         self.comm, self.sp = comm, sp
         self.stash: dict[int, torch.Tensor] = {}
+        self.inputs: dict[int, torch.Tensor] = {}  # a sibling's own matmul input when it is not the shared one (fp8)
         self.shard: Optional[torch.Tensor] = None
         self.regather: Optional[tuple[torch.Tensor, Any]] = None
 
@@ -44,8 +45,11 @@ class Share:
         out: list = [None] * n
         for i, g in self.stash.items():
             if needed[i]:
-                out[i] = g.reshape(-1, g.shape[-1]).t().matmul(x2)
+                own = self.inputs.pop(i, None)  # an fp8 sibling's matmul saw its quantised input
+                xi = x2 if own is None else own.reshape(-1, own.shape[-1])
+                out[i] = g.reshape(-1, g.shape[-1]).t().matmul(xi)
         self.stash.clear()
+        self.inputs.clear()
         return out
 
 
@@ -93,9 +97,11 @@ class ColumnLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], share: Share,
-                idx: int) -> torch.Tensor:
+                idx: int, own_input: bool = False) -> torch.Tensor:
         ctx.share, ctx.idx, ctx.has_b = share, idx, b is not None
         ctx.save_for_backward(w)
+        if own_input:
+            share.inputs[idx] = x.detach()
         return F.linear(x, w, b)
 
     @staticmethod
@@ -108,7 +114,7 @@ class ColumnLinear(torch.autograd.Function):
             share.start_regather()        # overlaps this and the other siblings' input-gradient matmuls
         gx = grad.matmul(w) if ctx.needs_input_grad[0] else None
         gb = grad.reshape(-1, grad.shape[-1]).sum(0) if ctx.has_b and ctx.needs_input_grad[2] else None
-        return gx, None, gb, None, None
+        return gx, None, gb, None, None, None
 
 
 class RowLinear(torch.autograd.Function):
@@ -116,8 +122,9 @@ class RowLinear(torch.autograd.Function):
     (sequence parallel: after all-gathering the output gradient) is rank-local."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], comm: TPComm) -> torch.Tensor:
-        ctx.comm, ctx.has_b = comm, b is not None
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], comm: TPComm,
+                g_state: Any = None) -> torch.Tensor:
+        ctx.comm, ctx.has_b, ctx.g_state = comm, b is not None, g_state
         ctx.save_for_backward(x, w)
         y = F.linear(x, w)
         if comm.sp:
@@ -133,11 +140,14 @@ class RowLinear(torch.autograd.Function):
         x, w = ctx.saved_tensors
         comm = ctx.comm
         g = comm.gather(grad, comm.seq_dim) if comm.sp else grad
+        gb = g.reshape(-1, g.shape[-1]).sum(0) if ctx.has_b and ctx.needs_input_grad[2] else None
+        if ctx.g_state is not None:  # fp8: the matmuls' output gradient cast (the bias's is not, as FP8Linear)
+            q, s = ctx.g_state.quantize(g.contiguous())
+            g = q.to(torch.float32).mul_(1.0 / s).to(g.dtype)
         g2 = g.reshape(-1, g.shape[-1])
         gx = g.matmul(w) if ctx.needs_input_grad[0] else None
         gw = g2.t().matmul(x.reshape(-1, x.shape[-1])) if ctx.needs_input_grad[1] else None
-        gb = g2.sum(0) if ctx.has_b and ctx.needs_input_grad[2] else None
-        return gx, gw, gb, None
+        return gx, gw, gb, None, None
 
 
 def first_input(args: tuple, kwargs: dict, name: Optional[str]) -> tuple[Any, Optional[str]]:
@@ -203,13 +213,24 @@ class SiblingGroup:
         self.clear()
 
 
+def _amax_max(group: Any, amax: float) -> float:
+    t = torch.tensor([amax], dtype=torch.float32)
+    group.all_reduce(t, "max")
+    return float(t[0])
+
+
 class ColwiseLinear(nn.Linear):
     """nn.Linear whose weight (and bias) hold this rank's rows of the output features. `_tp_gather` (colwise_rep):
-    the output is all-gathered to the full width."""
+    the output is all-gathered to the full width. Under mixed_precision="fp8" it is given FP8Linear's scaling states
+    (precision/fp8.py attach_fp8; fp8_attachable) and quantises its input, weight and output gradient."""
 
     _tp_group: SiblingGroup
     _tp_index: int
     _tp_gather: bool = False
+    fp8_attachable = True
+
+    def amax_reduce(self, amax: float) -> float:
+        return _amax_max(self._tp_group.comm.group, amax)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = column_forward(self, x)
@@ -218,9 +239,21 @@ class ColwiseLinear(nn.Linear):
 
 def column_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     alias, share = m._tp_group.input_for(x)
+    fp8 = hasattr(m, "g_state")
+    if not fp8:
+        if share is None or not torch.is_grad_enabled():
+            return F.linear(alias, m.weight, m.bias)
+        return ColumnLinear.apply(alias, m.weight, m.bias, share, m._tp_index)
+    # fp8 (FP8Linear's numerics): the matmul on the quantised input and weight, its output gradient quantised; the
+    # bias added after, so its gradient is not
+    from ..precision.fp8 import fake_quant, grad_quant
+    xq, wq = fake_quant(alias, m.x_state), fake_quant(m.weight, m.w_state)
     if share is None or not torch.is_grad_enabled():
-        return F.linear(alias, m.weight, m.bias)
-    return ColumnLinear.apply(alias, m.weight, m.bias, share, m._tp_index)
+        y = F.linear(xq, wq)
+    else:
+        y = ColumnLinear.apply(xq, wq, None, share, m._tp_index, True)
+    y = grad_quant(y, m.g_state)
+    return y if m.bias is None else y + m.bias
 
 
 class RowwiseLinear(nn.Linear):
@@ -230,8 +263,16 @@ class RowwiseLinear(nn.Linear):
 
     _tp_comm: TPComm
     _tp_split_input: bool = False
+    fp8_attachable = True
+
+    def amax_reduce(self, amax: float) -> float:
+        return _amax_max(self._tp_comm.group, amax)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._tp_split_input:
             x = SplitLast.apply(x, self._tp_comm)
+        if hasattr(self, "g_state"):  # fp8 (precision/fp8.py attach_fp8)
+            from ..precision.fp8 import fake_quant
+            return RowLinear.apply(fake_quant(x, self.x_state), fake_quant(self.weight, self.w_state), self.bias,
+                                   self._tp_comm, self.g_state)
         return RowLinear.apply(x, self.weight, self.bias, self._tp_comm)
