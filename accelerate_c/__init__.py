@@ -24,6 +24,7 @@ _LAZY = {
     "find_executable_batch_size": ".utils.memory",
     "FullyShardedDataParallelPlugin": ".utils", "DeepSpeedPlugin": ".utils",
     "notebook_launcher": ".launchers", "debug_launcher": ".launchers",
+    "install_as_accelerate": ".as_accelerate",
 }
 
 if TYPE_CHECKING:  # the static view of the same names
