@@ -59,6 +59,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """HF's entry for code that builds the launch parser (TRL's CLI): a sub-parser of `subparsers`, or a parser
+    of its own; parse_args gives what launch_command takes."""
+    if subparsers is not None:
+        return add_parser(subparsers)
+    root = argparse.ArgumentParser(prog="accelerate_c", allow_abbrev=False)
+    return add_parser(root.add_subparsers(dest="command"))
+
+
 def resolve_config(args: argparse.Namespace) -> ClusterConfig:
     """Config file + flags. The file: --config_file; else the default file (ours, else HF's) unless --cpu
     was given (HF's rule: `--cpu` launches ignore the default file); else built-in defaults."""
