@@ -2,8 +2,11 @@
 # Accelerate 1.15 (examples/hf_trainer.py: a Llama from a config, gradient accumulation, evaluation, save_steps). One
 # process in bf16: per-step losses within bf16 tolerance of HF's, and resume_from_checkpoint from the step-3 checkpoint
 # repeats steps 4-6 exactly; two processes in fp32 (ours: `launch --as_accelerate`; HF: torchrun, its DDP): losses
-# equal HF's (<= 1e-5). While accelerate_c has no ParallelismConfig, tests/scripts/hf_stack_run.py stands one in.
-# Not for: PEFT / TRL / FSDP through the Trainer (not covered yet, see docs/hf_stack.md).
+# equal HF's (<= 1e-5). Two processes each (tests/scripts/hf_stack_modes.py): a PEFT LoRA adapter through the Trainer
+# and TRL's SFTTrainer in one launch (same losses as HF; the LoRA checkpoint holds the adapter only), and the Trainer
+# with fsdp="full_shard" + fsdp_config on our sharded engine (same losses as HF's FSDP; the FSDP save files written).
+# While accelerate_c has no ParallelismConfig, tests/scripts/hf_stack_run.py stands one in.
+# Not for: torch_compile on, or the step-time target (a benchmark's job).
 import json
 import os
 import shutil
@@ -15,6 +18,7 @@ from conftest import ROOT, SCRIPTS, Job, clean_env, finish_all, free_port
 
 EXAMPLE = os.path.join(ROOT, "examples", "hf_trainer.py")
 RUN = os.path.join(SCRIPTS, "hf_stack_run.py")
+MODES = os.path.join(SCRIPTS, "hf_stack_modes.py")
 
 
 def _run(cmd: list, tmp_path, name: str, **env: str) -> None:
@@ -53,3 +57,33 @@ def test_trainer_two_processes_equals_hf_ddp(tmp_path):
     assert len(ours["losses"]) == len(hf["losses"]) == 6
     for (sa, a), (sb, b) in zip(ours["losses"], hf["losses"]):
         assert sa == sb and abs(a - b) <= 1e-5, (ours["losses"], hf["losses"])
+
+
+def _two(tmp_path, modes: str) -> tuple:
+    hf_dir, ours_dir = tmp_path / "hf", tmp_path / "ours"
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+          MODES, modes, hf_dir], tmp_path, "hf", ACCELERATE_USE_CPU="1")
+    _run([sys.executable, "-m", "accelerate_c", "launch", "-q", "--cpu", "--as_accelerate", "--num_processes", "2",
+          "--main_process_port", "0", RUN, "--ours", MODES, modes, ours_dir], tmp_path, "ours")
+    return ({m: _losses(hf_dir / m) for m in modes.split(",")}, {m: _losses(ours_dir / m) for m in modes.split(",")})
+
+
+def _same_losses(ours: dict, hf: dict) -> None:
+    assert len(ours["losses"]) == len(hf["losses"]) == 4
+    for (sa, a), (sb, b) in zip(ours["losses"], hf["losses"]):
+        assert sa == sb and abs(a - b) <= 1e-5, (ours["losses"], hf["losses"])
+
+
+def test_peft_lora_and_trl_sft_two_processes_equal_hf(tmp_path):
+    hf, ours = _two(tmp_path, "lora,sft")
+    for mode in ("lora", "sft"):
+        _same_losses(ours[mode], hf[mode])
+    files = ours["lora"]["files"]
+    assert "adapter_model.safetensors" in files and "model.safetensors" not in files, files
+    assert files == hf["lora"]["files"]
+
+
+def test_trainer_fsdp_full_shard_two_processes_equals_hf(tmp_path):
+    hf, ours = _two(tmp_path, "fsdp")
+    _same_losses(ours["fsdp"], hf["fsdp"])
+    assert {"pytorch_model_fsdp.safetensors", "optimizer.json", "optimizer.safetensors"} <= set(ours["fsdp"]["files"])
