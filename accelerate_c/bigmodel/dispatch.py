@@ -132,7 +132,7 @@ def dispatch_model(model: nn.Module, device_map: dict, main_device: Optional[tor
             logger.warning(f"Some parameters are on the meta device because they were offloaded to the {where}.")
         retie_parameters(model, tied)
         _guard_moves(model)
-        attach_prefetcher(model)
+        attach_prefetcher(model, device_map)
     else:
         model.to(list(devices)[0])
     model.hf_device_map = dict(device_map)

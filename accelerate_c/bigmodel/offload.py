@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import threading
 from collections.abc import Mapping
@@ -16,9 +17,31 @@ from typing import Any, Iterator, Optional, Union
 import torch
 from safetensors.torch import save_file
 
-from ..checkpointing.stfile import TensorFile
+from ..checkpointing.stfile import DTYPE_OF, TensorFile, entry_numel
 
 INDEX = "index.json"
+OWN_MAPPING = 1 << 20  # bytes from which a weight read from disk gets a mapping of its own
+HUGE = 2 << 20
+
+
+def read_weight(fh: TensorFile, key: str) -> torch.Tensor:
+    """Tensor `key` of `fh` in fresh memory. A large one lives in an anonymous mapping of its own that is unmapped
+    when the tensor dies, so reading a layer, using it and dropping it (every offloaded forward) gives its pages back
+    to the system: from malloc's heap, freed weights of varying sizes would stay resident (the process grows by
+    fragmentation, as HF's offloaded forward does)."""
+    entry = fh.entry(key)
+    dtype, numel = DTYPE_OF[entry["dtype"]], entry_numel(entry)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes < OWN_MAPPING or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return fh.tensor(key)
+    region = mmap.mmap(-1, -(-nbytes // HUGE) * HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        region.madvise(mmap.MADV_HUGEPAGE)  # the read faults in 2 MiB pages, not 4 KiB ones, where the kernel can
+    except (AttributeError, OSError):
+        pass
+    out = torch.frombuffer(region, dtype=dtype, count=numel)  # holds `region` until the tensor is freed
+    fh.read_into(key, 0, out)
+    return out.view(entry["shape"])
 
 
 def _file_of(folder: str, weight_name: str) -> str:
@@ -110,7 +133,7 @@ class OffloadedWeightsLoader(Mapping):
             return self.state_dict[key]
         info = self.index[key]
         path = info.get("safetensors_file") or _file_of(self.save_folder or "", key)
-        tensor = self._files.get(path).tensor(info.get("weight_name", key))
+        tensor = read_weight(self._files.get(path), info.get("weight_name", key))
         dtype = info.get("dtype")
         if dtype and str(tensor.dtype).replace("torch.", "") != dtype and hasattr(torch, dtype):
             tensor = tensor.to(getattr(torch, dtype))
