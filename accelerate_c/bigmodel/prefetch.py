@@ -5,7 +5,8 @@
 # modules ran in the previous forward (the model's module order before the first one has finished). Reads stay at
 # most half of the largest offloaded device-map block (a decoder layer) ahead of the module that runs, and always one
 # module: memory is the running block's weights plus at most half a block more (infer_auto_device_map keeps room
-# for the largest layer on the executing device, so resident memory stays near the budget + the largest layer). Read weights live in mappings of their own (offload.read_weight).
+# for the largest layer on the executing device, so resident memory stays near the budget + the largest layer).
+# Read weights live in mappings of their own (offload.read_weight).
 # Not for: the hooks (hooks.py) or the file format (offload.py).
 from __future__ import annotations
 
