@@ -24,7 +24,7 @@ from .config_flags import HelpFormatter, add_config_flags, add_flag, apply_flags
 default_config_file: str = find_default_config() or default_path()
 
 
-def load_config_from_file(config_file: str | None = None) -> ClusterConfig:
+def load_config_from_file(config_file: str | None) -> ClusterConfig:
     """HF's loader: `config_file` (FileNotFoundError naming it when missing), else the default file; YAML or JSON
     (ConfigError naming the file and key on bad content); returns the ClusterConfig (`.to_dict()` as HF's)."""
     if config_file is not None and not os.path.isfile(config_file):

@@ -24,8 +24,9 @@ def _name(base: str, index: int, suffix: str = "") -> str:
 
 
 def save_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: torch.nn.Module, output_dir: str, model_index: int = 0,
-                    adapter_only: bool = False) -> None:
-    """The model's whole state dict (gathered from the shards) into `output_dir`, written by the main process."""
+                    adapter_only: bool = False, use_dcp: bool = True) -> None:
+    """The model's whole state dict (gathered from the shards) into `output_dir`, written by the main process
+    (`use_dcp`, HF's choice of torch.distributed.checkpoint for sharded state dicts, is accepted and not used)."""
     from safetensors.torch import save_file
 
     os.makedirs(output_dir, exist_ok=True)
@@ -39,7 +40,7 @@ def save_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: torch.nn.Module, 
 
 
 def load_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: torch.nn.Module, input_dir: str, model_index: int = 0,
-                    adapter_only: bool = False) -> Any:
+                    adapter_only: bool = False, use_dcp: bool = True) -> Any:
     """The state dict save_fsdp_model wrote, loaded into the prepared model on every process."""
     path = os.path.join(input_dir, _name(FSDP_MODEL_NAME, model_index, ".safetensors"))
     if not os.path.isfile(path):
@@ -50,7 +51,7 @@ def load_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: torch.nn.Module, 
 
 
 def save_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, model: torch.nn.Module, output_dir: str,
-                        optimizer_index: int = 0) -> None:
+                        optimizer_index: int = 0, use_dcp: bool = True) -> None:
     """The optimizer's state dict as `optimizer[_<index>].json` + `.safetensors`, written by the main process."""
     state = optimizer.state_dict()
     if accelerator.is_main_process:
@@ -60,7 +61,7 @@ def save_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, mode
 
 
 def load_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, model: torch.nn.Module, input_dir: str,
-                        optimizer_index: int = 0, adapter_only: bool = False) -> None:
+                        optimizer_index: int = 0, adapter_only: bool = False, use_dcp: bool = True) -> None:
     optimizer.load_state_dict(read_state(input_dir, _name("optimizer", optimizer_index), "optimizer"))
 
 
