@@ -2,7 +2,7 @@
 # budgets and device maps of a Llama built from a config (several budgets, dtypes, no-split classes, tied weights);
 # load_checkpoint_and_dispatch from single and sharded safetensors with CPU + disk offload gives the full model's
 # logits (bitwise, twice), as HF's does, with most offloaded modules' weights taken from the background reader; cpu_offload, disk_offload,
-# cpu_offload_with_hook and the hooks; transformers' from_pretrained(device_map="auto", max_memory=...) under the
+# cpu_offload_with_hook and the hooks; tied weights with the whole model on disk; transformers' from_pretrained(device_map="auto", max_memory=...) under the
 # switch; bad input (unknown module / device in a map, a budget below the largest layer, checkpoint keys or shapes
 # that differ): errors naming them, nothing loaded.
 # Not for: timing (benchmarks/bigmodel_offload.py).
@@ -100,6 +100,23 @@ def test_load_checkpoint_and_dispatch_offloads_and_matches_the_full_model(saved,
         assert torch.equal(got, saved["logits"])
     # the disk-offloaded modules' weights were read ahead (in the background) for most of their forwards
     assert taken and sum(t is not None for t in taken) >= len(taken) // 2, [t is not None for t in taken]
+
+
+def test_tied_weights_offloaded_with_the_whole_model(tmp_path):
+    """save_pretrained stores one name of a tied pair; with everything on disk the other name must still be found
+    (HF 1.15 fails earlier here: "device disk is invalid")."""
+    torch.manual_seed(0)
+    full = LlamaForCausalLM(_config(tied=True)).eval()
+    full.save_pretrained(tmp_path / "ckpt")
+    tokens = torch.randint(0, 256, (2, 8))
+    with torch.no_grad():
+        want = full(tokens).logits
+    for budget in ("300KB", "150KB"):
+        model = ac.load_checkpoint_and_dispatch(_empty(ac, tied=True), str(tmp_path / "ckpt"), device_map="auto",
+                                                max_memory={"cpu": budget}, no_split_module_classes=NO_SPLIT,
+                                                offload_folder=str(tmp_path / budget))
+        with torch.no_grad():
+            assert torch.equal(model(tokens).logits, want), (budget, model.hf_device_map)
 
 
 def test_offload_helpers_and_hooks_match_hf(saved, tmp_path):

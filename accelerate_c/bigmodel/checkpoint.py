@@ -121,6 +121,8 @@ def load_checkpoint_in_model(model: nn.Module, checkpoint: Union[str, os.PathLik
                         index = offload_weight(fh.tensor(key).to(target), key, str(offload_folder), index=index)
                     continue
                 set_module_tensor_to_device(model, key, device, value=fh.tensor(key), dtype=target)
+        _tied_on_disk(model, groups, {k for fh in files.values() for k in fh.entries}, device_map, index,
+                      offload_folder)
         if index:
             os.makedirs(str(offload_folder), exist_ok=True)
             save_offload_index(index, str(offload_folder))
@@ -129,6 +131,23 @@ def load_checkpoint_in_model(model: nn.Module, checkpoint: Union[str, os.PathLik
             fh.close()
     loaded = {k for fh in files.values() for k in fh.entries}
     retie_parameters(model, [sorted(g, key=lambda n: n not in loaded) for g in groups])
+
+
+def _tied_on_disk(model: nn.Module, groups: list[list[str]], stored: set, device_map: Optional[dict], index: dict,
+                  offload_folder: Any) -> None:
+    """A tied name the checkpoint leaves out (save_pretrained stores one of each group) that goes to "disk" gets the
+    stored one's index entry (or, when that one was loaded into the model, a copy of it on disk)."""
+    for group in groups:
+        source = next((n for n in group if n in stored), None)
+        for name in group:
+            if source is None or name in stored or _device_of(name, device_map) != "disk":
+                continue
+            if source in index:
+                index[name] = dict(index[source])
+            else:
+                owner, _, attr = source.rpartition(".")
+                value = getattr(model.get_submodule(owner) if owner else model, attr)
+                offload_weight(value, name, str(offload_folder), index=index)
 
 
 def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
