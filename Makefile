@@ -1,6 +1,8 @@
 # Makefile: the two set-up commands of the README (make demo, make test) and make bench.
 # Each target creates .venv/ when it is missing, installs torch 2.13.0 (the CPU build; pinned so pip
-# never resolves a multi-GB CUDA build), the test/baseline packages and accelerate_c itself.
+# never resolves a multi-GB CUDA build), the test/baseline packages (HF Accelerate 1.15 and transformers' companions
+# PEFT, TRL and datasets at versions that work with transformers 5.24 and torch 2.13: pip keeps torch as it is) and
+# accelerate_c itself.
 PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
@@ -16,6 +18,7 @@ $(STAMP): Makefile
 	$(VPY) -m pip install -q --upgrade "setuptools>=61" wheel
 	$(VPY) -m pip install -q torch==2.13.0
 	$(VPY) -m pip install -q accelerate==1.15.0 transformers==5.24.0 tensorboard==2.21.0 \
+		peft==0.21.2 trl==1.16.0 datasets==5.2.0 \
 		safetensors pytest pytest-xdist numpy tqdm pyyaml psutil
 	touch $(STAMP)
 

@@ -7,12 +7,20 @@
 # so the limited API costs nothing measurable. Free-threaded (3.13t) builds would need a separate,
 # non-abi3 build; not done yet.  Set ACCELERATE_C_DEBUG=1 for -O0 -g, ACCELERATE_C_SANITIZE=1 for ASan/UBSan
 # (read through accelerate_c/base/settings.py, loaded by path: the package itself is not importable yet).
+# It also puts accelerate_c_as_accelerate.pth at the top of site-packages, in the wheel (build_py) and in the
+# editable install (editable_wheel): the start-up hook of ACCELERATE_C_AS_ACCELERATE (accelerate_c/as_accelerate.py).
 import glob
 import importlib.util
 import os
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+try:
+    from setuptools.command.editable_wheel import editable_wheel
+except ImportError:  # setuptools < 64: no PEP 660 editable installs to extend
+    editable_wheel = None
 
 LIMITED_API = 0x030A0000
 
@@ -56,4 +64,48 @@ ext = Extension(
     py_limited_api=True,
 )
 
-setup(ext_modules=[ext], options={"bdist_wheel": {"py_limited_api": "cp310"}})
+PTH = "accelerate_c_as_accelerate.pth"
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class BuildPy(build_py):
+    """The package's modules plus the start-up hook at the top of build_lib (the wheel's purelib root)."""
+
+    def run(self) -> None:
+        super().run()
+        if not getattr(self, "editable_mode", False):
+            self.copy_file(os.path.join(HERE, PTH), os.path.join(self.build_lib, PTH))
+
+    def get_outputs(self, include_bytecode: bool = True) -> list:
+        extra = [] if getattr(self, "editable_mode", False) else [os.path.join(self.build_lib, PTH)]
+        return super().get_outputs(include_bytecode) + extra
+
+
+class _WithPth:
+    """An editable-install strategy of setuptools, plus the start-up hook written at the wheel's root."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+
+    def __enter__(self) -> "_WithPth":
+        self.inner.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> object:
+        return self.inner.__exit__(*exc)
+
+    def __call__(self, wheel: object, files: list, mapping: dict) -> None:
+        self.inner(wheel, files, mapping)
+        with open(os.path.join(HERE, PTH), "rb") as fh:
+            wheel.writestr(PTH, fh.read())
+
+
+commands = {"build_py": BuildPy}
+if editable_wheel is not None and hasattr(editable_wheel, "_select_strategy"):
+    class EditableWheel(editable_wheel):
+        def _select_strategy(self, *args: object, **kwargs: object) -> _WithPth:
+            return _WithPth(super()._select_strategy(*args, **kwargs))
+
+    commands["editable_wheel"] = EditableWheel
+
+setup(ext_modules=[ext], cmdclass=commands, options={"bdist_wheel": {"py_limited_api": "cp310"}})

@@ -25,6 +25,11 @@ _LAZY = {
     "FullyShardedDataParallelPlugin": ".utils", "DeepSpeedPlugin": ".utils",
     "ParallelismConfig": ".parallelism_config",
     "notebook_launcher": ".launchers", "debug_launcher": ".launchers",
+    "install_as_accelerate": ".as_accelerate",
+    "init_empty_weights": ".big_modeling", "init_on_device": ".big_modeling", "cpu_offload": ".big_modeling",
+    "cpu_offload_with_hook": ".big_modeling", "disk_offload": ".big_modeling", "dispatch_model": ".big_modeling",
+    "load_checkpoint_and_dispatch": ".big_modeling", "infer_auto_device_map": ".utils.modeling",
+    "load_checkpoint_in_model": ".utils.modeling",
 }
 
 if TYPE_CHECKING:  # the static view of the same names
@@ -50,4 +55,6 @@ __all__ = ["Accelerator", "AcceleratorState", "AutocastKwargs", "DDPCommunicatio
            "DistributedDataParallelKwargs", "DistributedType", "FP8RecipeKwargs", "GradScalerKwargs",
            "GradientAccumulationPlugin", "GradientState", "InitProcessGroupKwargs", "ParallelismConfig", "PartialState",
            "ProfileKwargs", "ProjectConfiguration", "debug_launcher", "find_executable_batch_size",
-           "notebook_launcher", "skip_first_batches", "synchronize_rng_states"]
+           "notebook_launcher", "skip_first_batches", "synchronize_rng_states", "cpu_offload", "cpu_offload_with_hook",
+           "disk_offload", "dispatch_model", "infer_auto_device_map", "init_empty_weights", "init_on_device",
+           "load_checkpoint_and_dispatch", "load_checkpoint_in_model"]

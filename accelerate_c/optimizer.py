@@ -121,3 +121,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+
+
+class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
+    """HF's name for the optimizer of a DeepSpeed engine (HF: step and zero_grad left to the engine). accelerate_c's
+    prepare never makes one; the class is here for code that checks isinstance."""

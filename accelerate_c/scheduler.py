@@ -49,3 +49,12 @@ class AcceleratedScheduler:
 
     def print_lr(self, *args: Any, **kwargs: Any) -> Any:
         return self.scheduler.print_lr(*args, **kwargs)
+
+
+class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
+    """HF's wrapper for a scheduler a DeepSpeed engine steps itself: `step` does nothing. accelerate_c's prepare
+    never makes one (its DeepSpeed face runs on our own engines, which step through AcceleratedScheduler); the class
+    is here for code that builds one or checks isinstance (transformers' Trainer)."""
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        return None

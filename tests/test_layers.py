@@ -16,11 +16,12 @@ LAYERS = [
     ("facade", ["accelerate_c", "accelerate_c.__main__", "accelerate_c.accelerator", "accelerate_c.facade",
                 "accelerate_c.launchers", "accelerate_c.commands", "accelerate_c.optimizer", "accelerate_c.scheduler",
                 "accelerate_c.data_loader", "accelerate_c.utils", "accelerate_c.state", "accelerate_c.logging",
-                "accelerate_c.ops", "accelerate_c.parallelism_config"]),
+                "accelerate_c.ops", "accelerate_c.parallelism_config", "accelerate_c.big_modeling",
+                "accelerate_c.hooks"]),
     ("strategies", ["accelerate_c.strategies"]),
     ("engines", ["accelerate_c.sharding", "accelerate_c.ddp", "accelerate_c.checkpointing", "accelerate_c.data",
-                 "accelerate_c.tracking", "accelerate_c.tensor_parallel",
-                 "accelerate_c.pipeline"]),
+                 "accelerate_c.tracking", "accelerate_c.tensor_parallel", "accelerate_c.pipeline",
+                 "accelerate_c.bigmodel"]),
     ("precision", ["accelerate_c.precision"]),
     ("deepspeed", ["accelerate_c.deepspeed"]),
     ("runtime", ["accelerate_c.runtime"]),
@@ -29,9 +30,10 @@ LAYERS = [
 ]
 # HF's import paths kept as faces (the module object of the real code): never imported from inside
 FACES = {"accelerate_c.accelerator", "accelerate_c.state", "accelerate_c.logging", "accelerate_c.ops",
-         "accelerate_c.utils", "accelerate_c.parallelism_config"}
+         "accelerate_c.utils", "accelerate_c.parallelism_config", "accelerate_c.big_modeling", "accelerate_c.hooks"}
 # modules allowed at the top of the package besides HF's top-level names
-HF_TOP = {"accelerator", "state", "optimizer", "scheduler", "data_loader", "logging", "launchers", "parallelism_config"}
+HF_TOP = {"accelerator", "state", "optimizer", "scheduler", "data_loader", "logging", "launchers", "parallelism_config",
+          "big_modeling", "hooks"}
 MAX_OTHER_TOP = 3
 
 

@@ -1,7 +1,8 @@
 # tests/test_wheel.py: the package as users get it. Builds the wheel from a copy of the source tree, installs it
 # into a fresh virtual environment that has only torch (2.13.0, the CPU build on this disk) and what the wheel's
 # metadata pulls in, then, outside the checkout: imports every module of the installed package and runs a
-# 2-process `python -m accelerate_c launch` that trains, saves its state and loads it back.
+# 2-process `python -m accelerate_c launch` that trains, saves its state and loads it back; and the
+# ACCELERATE_C_AS_ACCELERATE switch through the .pth hook the wheel installs.
 # (The editable install of the Makefile hid a wheel without accelerate_c.optim/.comm/.checkpointing/.data.)
 # Not for: behaviour tests (they run against the checkout).
 import os
@@ -48,6 +49,12 @@ for n in names:
 print("IMPORTED", len(names), accelerate_c.__file__)
 """
 
+SWITCH = """
+import importlib.metadata, accelerate
+from accelerate import Accelerator
+print("SWITCH", accelerate.__file__, accelerate.__version__, importlib.metadata.version("accelerate"))
+"""
+
 
 def _run(cmd, log, cwd, env, timeout):
     with open(log, "w") as fh:
@@ -79,6 +86,10 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     work.mkdir()
     out = _run([py, "-c", IMPORT_ALL], tmp_path / "import.log", work, env, 300)
     assert "IMPORTED" in out and str(venv) in out, out  # the installed copy, not the checkout
+    # the switch's start-up hook came with the wheel: `import accelerate` is the installed accelerate_c and the
+    # distribution "accelerate" reports 1.15.0 (this venv has no HF Accelerate at all)
+    out = _run([py, "-c", SWITCH], tmp_path / "switch.log", work, dict(env, ACCELERATE_C_AS_ACCELERATE="1"), 300)
+    assert f"SWITCH {venv}" in out and "site-packages/accelerate_c/__init__.py 1.15.0 1.15.0" in out, out
 
     (work / "train.py").write_text(TRAIN)
     launch_env = dict(env, OMP_NUM_THREADS="1")

@@ -230,3 +230,14 @@ class TorchDynamoPlugin(KwargsHandler):
         defaults = {"backend": "no", "mode": "default", "fullgraph": False, "dynamic": None, "options": None,
                     "disable": False}
         return {k: v for k, v in self.to_dict().items() if k in defaults and defaults[k] != v}
+
+
+def get_module_class_from_name(module: Any, name: str) -> Any:
+    """The class named `name` of `module` or of its first descendant (depth first) that has it; None if none."""
+    if module.__class__.__name__ == name:
+        return module.__class__
+    for child in module.children():
+        found = get_module_class_from_name(child, name)
+        if found is not None:
+            return found
+    return None

@@ -181,6 +181,11 @@ TABLE: tuple[Setting, ...] = (
        low=1 / 1024, high=1 << 20),
     _S("OUTPUT_CACHE_MB", "float", 256.0, "MiB of free blocks kept for the large CPU tensors collectives return "
        "(0 turns the cache off)", "comm/outbuf.py (limit_bytes, read once)", low=0, high=1 << 20),
+    _S("AS_ACCELERATE", "bool", False, "every `import accelerate` (the package and its submodules) resolves to "
+       "accelerate_c, for code that imports HF Accelerate itself (transformers' Trainer, PEFT, TRL); read at "
+       "interpreter start-up by the accelerate_c_as_accelerate.pth file the package installs, and by the "
+       "launcher's ranks (`launch --as_accelerate` sets it)", "as_accelerate.py (install_from_env), "
+       "commands/_bootstrap.py"),
     _S("HOST_ID", "str", None, "this process's host identity: ranks with the same id share memory; unset: the "
        "hostname. The launcher sets one per launch and machine (`--host_id`)", "comm/group.py (host_id)"),
     # ---- read by the C extension, through native_options() ----------------------------------------------------

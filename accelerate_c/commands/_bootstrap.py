@@ -8,6 +8,10 @@
 # first calls torch.distributed.init_process_group (a one-shot import hook wraps that function), so the launcher
 # can name a rank that keeps the others waiting there (commands/arrivals.py).
 #
+# With ACCELERATE_C_AS_ACCELERATE (`launch --as_accelerate`) it turns on the switch that serves `import accelerate`
+# from accelerate_c before the script runs (the installed .pth hook already did, unless the package runs from a
+# checkout on PYTHONPATH): the one case where the bootstrap imports accelerate_c (as_accelerate.py, lazy names).
+#
 # The rank then leaves without the interpreter's final teardown (see _leave): torch's gloo worker threads
 # outlive destroy_process_group (torch keeps the process group referenced once e.g. an optimizer imported
 # torch._dynamo), and one that drops a finished collective's tensors while the interpreter finalizes needs
@@ -157,6 +161,10 @@ def main() -> None:
     settings = _settings()
     _die_with_launcher(settings)
     _note_arrivals(settings)
+    if settings.get("AS_ACCELERATE"):
+        from accelerate_c.as_accelerate import install_as_accelerate
+
+        install_as_accelerate()
     argv = sys.argv[1:]
     if not argv:
         sys.exit("usage: _bootstrap.py (SCRIPT | -m MODULE) [ARGS...]")

@@ -4,6 +4,9 @@
 # `config update` re-validates an existing file (ours or HF's) and rewrites it in the current format.
 # `write_basic_config` (HF's utils function, exported by accelerate_c.utils) is `config default` for code.
 # The question texts, types and allowed values come from ClusterConfig's field metadata.
+# HF's `accelerate.commands.config` names for code that reads configs (transformers' and TRL's env reports):
+# `default_config_file` (a path, as HF's module-level string: the default file launch would read, set at import)
+# and `load_config_from_file(path)`.
 # Not for: the key set or validation rules (config_args.py).
 from __future__ import annotations
 
@@ -14,8 +17,22 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from .config_args import ClusterConfig, ConfigError, default_config_file, load_config, parse_answer, save_config
+from .config_args import ClusterConfig, ConfigError, find_default_config, load_config, parse_answer, save_config
+from .config_args import default_config_file as default_path
 from .config_flags import HelpFormatter, add_config_flags, add_flag, apply_flags
+
+default_config_file: str = find_default_config() or default_path()
+
+
+def load_config_from_file(config_file: str | None) -> ClusterConfig:
+    """HF's loader: `config_file` (FileNotFoundError naming it when missing), else the default file; YAML or JSON
+    (ConfigError naming the file and key on bad content); returns the ClusterConfig (`.to_dict()` as HF's)."""
+    if config_file is not None and not os.path.isfile(config_file):
+        raise FileNotFoundError(f"The passed configuration file `{config_file}` does not exist. Please pass an "
+                                "existing file to `accelerate launch`, or use the default one created through "
+                                "`accelerate config` and run `accelerate launch` without the `--config_file` argument.")
+    return load_config(config_file or default_config_file)
+
 
 # Order of the questions; a predicate decides whether a question applies given the answers so far.
 QUESTIONS: list[tuple[str, Callable[[dict[str, Any]], bool]]] = [
@@ -33,7 +50,7 @@ QUESTIONS: list[tuple[str, Callable[[dict[str, Any]], bool]]] = [
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("config", help="create or update the config file `launch` reads")
-    add_flag(p, "--config_file", default=None, help=f"where to write (default: {default_config_file()})")
+    add_flag(p, "--config_file", default=None, help=f"where to write (default: {default_path()})")
     p.set_defaults(func=config_command)
     sub = p.add_subparsers(dest="config_command", metavar="{default,update}")
     d = sub.add_parser("default", help="write a default config without questions", formatter_class=HelpFormatter)
@@ -105,7 +122,7 @@ def ask(defaults: ClusterConfig, read: Callable[[], str] = input, out: Any = sys
 
 
 def config_command(args: argparse.Namespace) -> int:
-    path = args.config_file or default_config_file()
+    path = args.config_file or default_path()
     defaults = load_config(path) if os.path.isfile(path) else _detect()
     cfg = ask(defaults)
     print(f"accelerate_c config saved at {save_config(cfg, path)}")
@@ -127,12 +144,12 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | None = 
     Returns the path, or False without touching an existing file."""
     mixed_precision = mixed_precision.lower()  # HF accepts any case
     path = _write_default(dataclasses.replace(_detect(), mixed_precision=mixed_precision),
-                          str(save_location or default_config_file()))
+                          str(save_location or default_path()))
     return False if path is None else path
 
 
 def default_command(args: argparse.Namespace) -> int:
-    path = _write_default(apply_flags(_detect(), args), args.config_file or default_config_file())
+    path = _write_default(apply_flags(_detect(), args), args.config_file or default_path())
     if path is None:
         return 1
     print(f"accelerate_c config saved at {path}")
@@ -140,7 +157,7 @@ def default_command(args: argparse.Namespace) -> int:
 
 
 def update_command(args: argparse.Namespace) -> int:
-    path = args.config_file or default_config_file()
+    path = args.config_file or default_path()
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no config file at {path}; create one with `python -m accelerate_c config`")
     cfg = load_config(path)

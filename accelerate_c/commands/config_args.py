@@ -228,7 +228,8 @@ def from_dict(data: dict[str, Any]) -> ClusterConfig:
         data.setdefault("mixed_precision", "fp16" if fp16 else "no")
     if "dynamo_backend" in data:  # HF legacy: top-level dynamo_backend -> dynamo_config
         backend = data.pop("dynamo_backend")
-        data.setdefault("dynamo_config", {} if backend == "NO" else {"dynamo_backend": backend})
+        no = backend in (None, False) or (isinstance(backend, str) and backend.upper() == "NO")  # unquoted NO: false
+        data.setdefault("dynamo_config", {} if no else {"dynamo_backend": backend})
     if data.get("compute_environment") == "AMAZON_SAGEMAKER":
         raise ConfigError("config key `compute_environment`: AMAZON_SAGEMAKER is not supported by accelerate_c; "
                           "allowed: 'LOCAL_MACHINE'")

@@ -41,10 +41,12 @@ class _Block:
     prefix in a file; FILE_PREFIX says which spelling is written (the one HF's `config` writes)."""
     PREFIX = ""
     FILE_PREFIX = False
+    LEGACY: dict[str, str] = {}  # keys older HF writers used -> the field that means the same now
 
     @classmethod
     def key_of(cls, name: str) -> str:
         """Canonical field name for a file key ('fp8_margin' -> 'margin'; 'fp8_format' stays)."""
+        name = cls.LEGACY.get(name, name)
         names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         if name not in names and name.startswith(cls.PREFIX) and name[len(cls.PREFIX):] in names:
             return name[len(cls.PREFIX):]

@@ -22,6 +22,7 @@ class FSDPBlock(_Block):
     PREFIX = "fsdp_"
     FILE_PREFIX = True
     VALUED_BOOLS = True
+    LEGACY = {"fsdp_backward_prefetch_policy": "backward_prefetch", "backward_prefetch_policy": "backward_prefetch"}
     version: int = setting(1, "int", "FSDP version; 1 is mapped to FSDP2 as `accelerate to-fsdp2` maps it",
                            choices=(1, 2))
     sharding_strategy: Any = setting("FULL_SHARD", "scalar", "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | "

@@ -20,6 +20,12 @@ MAX_RESTARTS = 10_000       # max_restarts
 OVERSUBSCRIBE_FACTOR = 16   # local processes x threads per process <= this x the cores (config_bounds.py)
 
 
+# the quoted words HF's `accelerate config` wrote for booleans over the years (`downcast_bf16: 'no'`), read as HF
+# means them (its str_to_bool words)
+BOOL_WORDS = {**dict.fromkeys(("yes", "true", "y", "t", "on", "1"), True),
+              **dict.fromkeys(("no", "false", "n", "f", "off", "0"), False)}
+
+
 class ConfigError(ValueError):
     """A bad config key or value; the message names the key and what is allowed."""
 
@@ -32,7 +38,8 @@ def _allowed(f: dataclasses.Field) -> str:
     meta = f.metadata
     if meta["choices"]:
         return "one of " + ", ".join(repr(c) for c in meta["choices"])
-    kind = {"int": "an integer", "float": "a finite number", "str": "a string", "bool": "true or false",
+    kind = {"int": "an integer", "float": "a finite number", "str": "a string",
+            "bool": "true or false (or 'yes' / 'no')",
             "dict": "a mapping", "list": "a list", "scalar": "a string, number or boolean"}[meta["kind"]]
     low, high = meta.get("bounds") or (None, None)
     if low is not None and high is not None:
@@ -57,10 +64,12 @@ def _check(f: dataclasses.Field, value: Any, prefix: str = "") -> Any:
     kind, choices = f.metadata["kind"], f.metadata["choices"]
     if f.metadata["norm"] and isinstance(value, str):
         value = f.metadata["norm"](value)
-    if value is None and (_default(f) is None or kind in ("dict", "list")):
+    if value is None:  # HF's writers leave `key: null` for what was not asked: the key's default, as HF reads it
         return _default(f)
     ok = False
     if kind == "bool":
+        if isinstance(value, str) and value.strip().lower() in BOOL_WORDS:  # HF's questionnaire wrote 'no' / 'yes'
+            value = BOOL_WORDS[value.strip().lower()]
         ok = isinstance(value, bool)
     elif kind == "int":
         ok = isinstance(value, int) and not isinstance(value, bool) and (not choices or value in choices)

@@ -8,6 +8,7 @@ import platform
 import sys
 from typing import Any
 
+from ..as_accelerate import describe as describe_switch
 from .config_args import default_config_file, find_default_config, load_config
 
 
@@ -50,6 +51,7 @@ def collect(config_file: str | None = None) -> dict[str, Any]:
         "CPU SIMD detected": simd,
         "CPU cores (usable)": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "System RAM": _memory_gib(),
+        "`import accelerate` resolves to accelerate_c": describe_switch(),
     }
     if torch.cuda.is_available():
         info["GPUs"] = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))

@@ -46,6 +46,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_config_flags(p)
     add_flag(p, "--host_id", default=None, help="ACCELERATE_C_HOST_ID for these ranks: ranks with the same id "
              "share memory (default: unique per launcher invocation and machine rank)")
+    add_flag(p, "--as_accelerate", action="store_true", help="every `import accelerate` in the ranks resolves to "
+             "accelerate_c (ACCELERATE_C_AS_ACCELERATE=1): for scripts that use HF Accelerate through transformers' "
+             "Trainer, PEFT or TRL, run unchanged")
     add_flag(p, "--module", "-m", action="store_true", help="the target is a module name, as `python -m`")
     add_flag(p, "--no_python", action="store_true", help="run the target as an executable, without python")
     add_flag(p, "--quiet", "-q", action="store_true", help="hide the log lines of torch's elastic agent and launcher "
@@ -54,6 +57,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments of the script")
     p.set_defaults(func=launch_command)
     return p
+
+
+def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """HF's entry for code that builds the launch parser (TRL's CLI): a sub-parser of `subparsers`, or a parser
+    of its own; parse_args gives what launch_command takes."""
+    if subparsers is not None:
+        return add_parser(subparsers)
+    root = argparse.ArgumentParser(prog="accelerate_c", allow_abbrev=False)
+    return add_parser(root.add_subparsers(dest="command"))
 
 
 def resolve_config(args: argparse.Namespace) -> ClusterConfig:
@@ -128,6 +140,8 @@ def rank_env(cfg: ClusterConfig, args: argparse.Namespace, nproc: int, run_id: s
     env[settings.var("RUN_ID")] = run_id
     env[settings.var("NUM_MACHINES")] = str(cfg.num_machines)
     env[settings.var("LAUNCHER_PID")] = str(os.getpid())  # ranks die with the launcher (_bootstrap.py)
+    if getattr(args, "as_accelerate", False):
+        env[settings.var("AS_ACCELERATE")] = "1"  # the .pth hook and _bootstrap.py turn the switch on in each rank
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:  # HF: flag, else the variable
         env["OMP_NUM_THREADS"] = str(max(1, _cores() // nproc))
     if cfg.gpu_ids and cfg.gpu_ids != "all" and not cfg.use_cpu:

@@ -134,3 +134,14 @@ def _remove_autocast_forward(model: torch.nn.Module) -> None:
         model.forward = original
     if "_accelerate_c_autocast" in model.__dict__:
         model._accelerate_c_autocast = False
+
+
+def is_peft_model(model: Any) -> bool:
+    """True for a PEFT PeftModel (PEFT installed and the model one of its wrappers), as HF's is_peft_model."""
+    from ..base.imports import is_peft_available
+
+    if not is_peft_available():
+        return False
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)

@@ -33,6 +33,17 @@ _LAZY = {
     "sharding_plugins": ("FullyShardedDataParallelPlugin",),
     "deepspeed_plugin": ("DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "get_active_deepspeed_plugin"),
     "accelerate_c.deepspeed.schema": ("HfDeepSpeedConfig",),
+    "modeling": ("check_device_map", "clean_device_map", "compute_module_sizes", "convert_file_size_to_int",
+                 "dtype_byte_size", "find_tied_parameters", "get_balanced_memory", "get_max_layer_size",
+                 "get_max_memory", "infer_auto_device_map", "is_peft_model", "load_checkpoint_in_model",
+                 "load_state_dict", "named_module_tensors", "retie_parameters", "set_module_tensor_to_device"),
+    "fsdp_utils": ("get_parameters_from_modules", "load_fsdp_model", "load_fsdp_optimizer", "save_fsdp_model",
+                   "save_fsdp_optimizer"),
+    "accelerate_c.scheduler": ("DeepSpeedSchedulerWrapper",),
+    "accelerate_c.optimizer": ("DeepSpeedOptimizerWrapper",),
+    "accelerate_c.base.dataclasses": ("get_module_class_from_name",),
+    "offload": ("OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict", "load_offloaded_weight",
+                "offload_state_dict", "offload_weight", "save_offload_index"),
 }
 _LAZY_NAMES = {name: mod for mod, names in _LAZY.items() for name in names}
 

@@ -1,0 +1,106 @@
+# accelerate_c/bigmodel/prefetch.py: what we add to HF's disk offload. When an offloaded module's forward starts,
+# one background thread reads the weights of the module that runs next (safetensors ranges read with pread into
+# fresh memory: the read syscalls and torch's kernels both run without the GIL), so the next module's weights are
+# in memory when its forward starts instead of being read then, serially, as in HF. "Next" is the order the
+# modules ran in the previous forward (the model's module order before the first one has finished). Reads stay at
+# most half of the largest offloaded device-map block (a decoder layer) ahead of the module that runs, and always one
+# module: memory is the running block's weights plus at most half a block more (infer_auto_device_map keeps room
+# for the largest layer on the executing device, so resident memory stays near the budget + the largest layer).
+# Read weights live in mappings of their own (offload.read_weight).
+# Not for: the hooks (hooks.py) or the file format (offload.py).
+from __future__ import annotations
+
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Optional
+
+from torch import nn
+
+from .hooks import AlignDevicesHook, SequentialHook
+
+
+class Prefetcher:
+    """Shared by the offloaded AlignDevicesHooks of one dispatched model (hook.prefetcher). Reads run in the order of
+    the modules' forwards, one at a time, and stay at most `ahead_bytes` ahead of the module that runs."""
+
+    def __init__(self, hooks: list[tuple[AlignDevicesHook, nn.Module]], ahead_bytes: int = 0) -> None:
+        self.modules = {id(h): m for h, m in hooks}
+        self.by_id = {id(h): h for h, _ in hooks}
+        self.nbytes = {id(h): _bytes(h, m) for h, m in hooks}
+        self.ahead_bytes = ahead_bytes
+        self.order = [id(h) for h, _ in hooks]  # registration order until one forward has been seen
+        self.seen: list[int] = []
+        self.ahead: deque = deque()  # (hook id, Future) in the order they will be taken
+        self.lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelerate_c-prefetch")
+        for h, _ in hooks:
+            h.prefetcher = self
+
+    def _read(self, key: int) -> dict:
+        hook, module = self.by_id[key], self.modules[key]
+        return {n: hook.weights_map[n] for n in hook.offloaded_names(module)}
+
+    def take(self, hook: AlignDevicesHook) -> Optional[dict]:
+        """The weights read ahead for `hook`, or None (read them now). Reads queued before it that were not taken
+        (the order changed) are dropped with their memory."""
+        with self.lock:
+            while self.ahead and self.ahead[0][0] != id(hook):
+                self.ahead.popleft()[1].cancel()
+            found = self.ahead.popleft() if self.ahead else None
+        return None if found is None else found[1].result()  # a read error surfaces in the forward that needs it
+
+    def started(self, hook: AlignDevicesHook, module: nn.Module) -> None:
+        """`hook`'s forward has its weights: note the order and queue reads of the modules that run next, up to
+        `ahead_bytes` (always the next one)."""
+        key = id(hook)
+        if key in self.seen:  # a new forward: the last one's order is the guess from now on
+            self.order, self.seen = self.seen, []
+        self.seen.append(key)
+        try:
+            at = self.order.index(key)
+        except ValueError:
+            return
+        with self.lock:
+            queued = {k for k, _ in self.ahead}
+            total = sum(self.nbytes[k] for k in queued)
+            for nxt in self.order[at + 1:]:
+                if nxt in queued:
+                    continue
+                if self.ahead and total + self.nbytes[nxt] > self.ahead_bytes:
+                    break
+                self.ahead.append((nxt, self.pool.submit(self._read, nxt)))
+                total += self.nbytes[nxt]
+
+    def close(self) -> None:
+        with self.lock:
+            while self.ahead:
+                self.ahead.popleft()[1].cancel()
+        self.pool.shutdown(wait=True)
+
+
+def _bytes(hook: AlignDevicesHook, module: nn.Module) -> int:
+    tensors = dict(module.named_parameters(recurse=hook.place_submodules))
+    tensors.update(module.named_buffers(recurse=hook.place_submodules))
+    return sum(tensors[n].numel() * tensors[n].element_size() for n in hook.offloaded_names(module) if n in tensors)
+
+
+def _align_hooks(hook: Any) -> list[AlignDevicesHook]:
+    if isinstance(hook, SequentialHook):
+        return [h for inner in hook.hooks for h in _align_hooks(inner)]
+    return [hook] if isinstance(hook, AlignDevicesHook) else []
+
+
+def attach_prefetcher(model: nn.Module, device_map: Optional[dict] = None) -> Optional[Prefetcher]:
+    """A Prefetcher over the model's offloaded hooks whose weights are (partly) on disk; None when there are none.
+    Reads go ahead by half the largest block of `device_map` that is on disk (none: one module)."""
+    found, blocks = [], {}
+    for name, module in model.named_modules():
+        for hook in _align_hooks(getattr(module, "_hf_hook", None)):
+            probe = getattr(hook.weights_map, "is_on_disk", None)
+            if hook.offload and probe is not None and any(probe(n) for n in hook.offloaded_names(module)):
+                found.append((hook, module))
+                block = max((k for k in (device_map or {}) if k == "" or name == k or name.startswith(k + ".")),
+                            key=len, default=name)
+                blocks[block] = blocks.get(block, 0) + _bytes(hook, module)
+    return Prefetcher(found, max(blocks.values(), default=0) // 2) if found else None

@@ -1,0 +1,7 @@
+# accelerate_c/utils/offload.py: HF's import path `accelerate_c.utils.offload`, a face: the name is the module
+# accelerate_c.bigmodel.offload itself (the same object: private names and monkeypatching reach the real code).
+# Not for: imports from inside accelerate_c, which name accelerate_c.bigmodel.offload.
+import importlib
+import sys
+
+sys.modules[__name__] = importlib.import_module("accelerate_c.bigmodel.offload")

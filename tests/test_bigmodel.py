@@ -1,0 +1,210 @@
+# tests/test_bigmodel.py: big-model inference (accelerate_c/bigmodel/) against HF Accelerate 1.15 on the same input: sizes,
+# budgets and device maps of a Llama built from a config (several budgets, dtypes, no-split classes, tied weights);
+# load_checkpoint_and_dispatch from single and sharded safetensors with CPU + disk offload gives the full model's
+# logits (bitwise, twice), as HF's does, with most offloaded modules' weights taken from the background reader; cpu_offload, disk_offload,
+# cpu_offload_with_hook and the hooks; tied weights with the whole model on disk; transformers' from_pretrained(device_map="auto", max_memory=...) under the
+# switch; bad input (unknown module / device in a map, a budget below the largest layer, checkpoint keys or shapes
+# that differ): errors naming them, nothing loaded.
+# Not for: timing (benchmarks/bigmodel_offload.py).
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import accelerate as hf
+import accelerate.utils as hfu
+import accelerate_c as ac
+import accelerate_c.utils as acu
+from conftest import clean_env
+
+NO_SPLIT = ["LlamaDecoderLayer"]
+
+
+def _config(tied: bool = False) -> LlamaConfig:
+    return LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+
+
+def _empty(lib, tied: bool = False):
+    with lib.init_empty_weights():
+        model = LlamaForCausalLM(_config(tied))
+    if tied:
+        model.tie_weights()
+    return model
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A model saved as one safetensors file and as shards with an index, and its logits on fixed tokens."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(_config()).eval()
+    single, sharded = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("sharded")
+    model.save_pretrained(single)
+    model.save_pretrained(sharded, max_shard_size="100KB")
+    tokens = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        logits = model(tokens).logits
+    return {"single": str(single), "sharded": str(sharded), "tokens": tokens, "logits": logits}
+
+
+def test_empty_weights_sizes_and_device_maps_match_hf():
+    for tied in (False, True):
+        m_hf, m_ac = _empty(hf, tied), _empty(ac, tied)
+        assert all(p.device.type == "meta" for p in m_ac.parameters())
+        assert acu.find_tied_parameters(m_ac) == hfu.find_tied_parameters(m_hf)
+        assert dict(acu.compute_module_sizes(m_ac)) == dict(hfu.compute_module_sizes(m_hf))
+        for budget in ({"cpu": 200_000}, {"cpu": "300KB"}, {"cpu": 400_000, "disk": 0}, {"cpu": 10**9}):
+            for dtype in (None, torch.float16):
+                for classes in (NO_SPLIT, None):
+                    kw = dict(no_split_module_classes=classes, dtype=dtype)
+                    got = acu.infer_auto_device_map(m_ac, max_memory=dict(budget), **kw)
+                    want = hfu.infer_auto_device_map(m_hf, max_memory=dict(budget), **kw)
+                    assert got == want, (tied, budget, dtype, classes)
+        assert acu.get_balanced_memory(m_ac, {"cpu": 10**6}, NO_SPLIT) == hfu.get_balanced_memory(m_hf, {"cpu": 10**6},
+                                                                                                NO_SPLIT)
+    assert acu.get_max_memory({"cpu": "1GiB", "disk": "2GB"}) == hfu.get_max_memory({"cpu": "1GiB", "disk": "2GB"})
+    sizes = hfu.compute_module_sizes(m_hf)
+    assert acu.modeling.get_max_layer_size(list(m_ac.named_children()), sizes, NO_SPLIT) == \
+        hfu.modeling.get_max_layer_size(list(m_hf.named_children()), sizes, NO_SPLIT)
+    dm = {"a.x": "cpu", "a.y": "cpu", "b": "disk", "c.p": 0, "c.q": "cpu"}
+    assert acu.modeling.clean_device_map(dict(dm)) == hfu.modeling.clean_device_map(dict(dm))
+    for size in ("5GB", "5Gb", "1MiB", "3KB", 7):
+        assert acu.convert_file_size_to_int(size) == hfu.convert_file_size_to_int(size)
+
+
+@pytest.mark.parametrize("kind", ["single", "sharded"])
+def test_load_checkpoint_and_dispatch_offloads_and_matches_the_full_model(saved, kind, tmp_path, monkeypatch):
+    from accelerate_c.bigmodel import prefetch
+
+    taken = []
+    take = prefetch.Prefetcher.take
+    monkeypatch.setattr(prefetch.Prefetcher, "take", lambda self, hook: taken.append(take(self, hook)) or taken[-1])
+    outs = {}
+    for lib in (hf, ac):
+        model = _empty(lib)
+        folder = tmp_path / lib.__name__
+        model = lib.load_checkpoint_and_dispatch(model, saved[kind], device_map="auto", max_memory={"cpu": "300KB"},
+                                                 no_split_module_classes=NO_SPLIT, offload_folder=str(folder))
+        with torch.no_grad():
+            outs[lib.__name__] = [model(saved["tokens"]).logits for _ in range(2)]
+        assert "disk" in model.hf_device_map.values() and "cpu" in model.hf_device_map.values()
+        if lib is ac:
+            dm = model.hf_device_map
+            assert os.listdir(folder) == ["index.json"], "disk weights point into the checkpoint, not copies"
+            assert all(p.device.type == "meta" for n, p in model.named_parameters() if dm.get(n.split(".")[0]) == "disk"
+                       or n.startswith("model.layers"))
+    for got in outs["accelerate_c"] + outs["accelerate"]:
+        assert torch.equal(got, saved["logits"])
+    # the disk-offloaded modules' weights were read ahead (in the background) for most of their forwards
+    assert taken and sum(t is not None for t in taken) >= len(taken) // 2, [t is not None for t in taken]
+
+
+def test_tied_weights_offloaded_with_the_whole_model(tmp_path):
+    """save_pretrained stores one name of a tied pair; with everything on disk the other name must still be found
+    (HF 1.15 fails earlier here: "device disk is invalid")."""
+    torch.manual_seed(0)
+    full = LlamaForCausalLM(_config(tied=True)).eval()
+    full.save_pretrained(tmp_path / "ckpt")
+    tokens = torch.randint(0, 256, (2, 8))
+    with torch.no_grad():
+        want = full(tokens).logits
+    for budget in ("300KB", "150KB"):
+        model = ac.load_checkpoint_and_dispatch(_empty(ac, tied=True), str(tmp_path / "ckpt"), device_map="auto",
+                                                max_memory={"cpu": budget}, no_split_module_classes=NO_SPLIT,
+                                                offload_folder=str(tmp_path / budget))
+        with torch.no_grad():
+            assert torch.equal(model(tokens).logits, want), (budget, model.hf_device_map)
+
+
+def test_offload_helpers_and_hooks_match_hf(saved, tmp_path):
+    torch.manual_seed(1)
+    base = LlamaForCausalLM(_config()).eval()
+    tokens = saved["tokens"]
+    with torch.no_grad():
+        want = base(tokens).logits
+    for lib in (hf, ac):
+        for how in ("cpu", "disk", "hook"):
+            model = LlamaForCausalLM(_config()).eval()
+            model.load_state_dict(base.state_dict())
+            if how == "cpu":
+                lib.cpu_offload(model, execution_device=torch.device("cpu"))
+            elif how == "disk":
+                lib.disk_offload(model, str(tmp_path / f"{lib.__name__}_disk"), execution_device=torch.device("cpu"))
+            else:
+                model, hook = lib.cpu_offload_with_hook(model, execution_device="cpu")
+            with torch.no_grad():
+                assert torch.equal(model(tokens).logits, want), (lib.__name__, how)
+                assert torch.equal(model(tokens).logits, want), (lib.__name__, how)
+    # the hooks module: add / chain / remove, as HF's
+    calls = []
+
+    import accelerate_c.hooks as hooks
+
+    class Note(hooks.ModelHook):
+        def pre_forward(self, module, *args, **kwargs):
+            calls.append("pre")
+            return args, kwargs
+
+    lin = torch.nn.Linear(3, 3)
+    hooks.add_hook_to_module(lin, hooks.ModelHook())
+    hooks.add_hook_to_module(lin, Note(), append=True)
+    assert isinstance(lin._hf_hook, hooks.SequentialHook) and hasattr(lin, "_old_forward")
+    lin(torch.ones(1, 3))
+    assert calls == ["pre"]
+    hooks.remove_hook_from_module(lin)
+    assert not hasattr(lin, "_hf_hook") and not hasattr(lin, "_old_forward")
+    lin(torch.ones(1, 3))
+    assert calls == ["pre"], "the hook still runs after remove_hook_from_module"
+
+
+def test_bad_input_names_the_problem_and_loads_nothing(saved, tmp_path):
+    model = _empty(ac)
+    with pytest.raises(ValueError, match="model.nope"):
+        ac.dispatch_model(model, {"": "cpu", "model.nope": "cpu"})
+    with pytest.raises(ValueError, match="npu:7|devices that are not there"):
+        ac.dispatch_model(model, {"": "npu:7"})
+    with pytest.raises(ValueError, match="LlamaDecoderLayer|model.layers.0") as err:
+        ac.infer_auto_device_map(model, max_memory={"cpu": 1000}, no_split_module_classes=NO_SPLIT)
+    assert "1000" in str(err.value)
+    other = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=5,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(ValueError) as err:
+        ac.load_checkpoint_in_model(other, saved["sharded"])
+    text = str(err.value)
+    assert "model.layers.4.mlp.up_proj.weight" in text and "model.embed_tokens.weight" in text
+    assert "nothing was loaded" in text
+    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items()), "half-loaded"
+    bin_file = tmp_path / "pytorch_model.bin"
+    bin_file.write_bytes(b"not read")
+    with pytest.raises(ValueError, match="never pickle"):
+        ac.load_checkpoint_in_model(_empty(ac), str(bin_file))
+
+
+FROM_PRETRAINED = r"""
+import sys, torch
+from transformers import LlamaForCausalLM
+import accelerate
+model = LlamaForCausalLM.from_pretrained(sys.argv[1], device_map="auto", max_memory={"cpu": 300_000},
+                                         offload_folder=sys.argv[2])
+tokens = torch.load(sys.argv[3])
+with torch.no_grad():
+    logits = model(tokens).logits
+ref = torch.load(sys.argv[4])
+print("DEVICES", sorted(set(map(str, model.hf_device_map.values()))), "EQUAL", torch.allclose(logits, ref, atol=1e-5),
+      "HOOK", type(model.model.layers[3]._hf_hook).__module__, accelerate.__file__)
+"""
+
+
+def test_transformers_from_pretrained_device_map_auto_under_the_switch(saved, tmp_path):
+    torch.save(saved["tokens"], tmp_path / "tokens.pt")
+    torch.save(saved["logits"], tmp_path / "logits.pt")
+    proc = subprocess.run([sys.executable, "-c", FROM_PRETRAINED, saved["sharded"], str(tmp_path / "off"),
+                           str(tmp_path / "tokens.pt"), str(tmp_path / "logits.pt")],
+                          env=clean_env(ACCELERATE_C_AS_ACCELERATE="1"), cwd="/", capture_output=True, text=True,
+                          timeout=300)
+    assert "EQUAL True" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "'disk'" in proc.stdout and "HOOK accelerate_c.bigmodel.hooks" in proc.stdout, proc.stdout
