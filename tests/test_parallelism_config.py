@@ -209,7 +209,7 @@ def test_launch_flags_to_the_ranks_faces(monkeypatch):
     (["--num_processes", "4", "--parallelism_config_tp_size", "3"], "ParallelismConfig total_size (3) does not match "
                                                                    "num_processes (4)"),
     (["--num_processes", "4", "--use_parallelism_config", "--parallelism_config_pp_size", "2",
-      "--parallelism_config_tp_size", "2"], "pipeline parallelism (ParallelismConfig.pp_size=2) is not implemented"),
+      "--parallelism_config_tp_size", "3"], "ParallelismConfig total_size (6) does not match num_processes (4)"),
     (["--num_processes", "2", "--parallelism_config_cp_size", "2"], "context parallelism"),
     (["--num_processes", "4", "--use_megatron_lm", "--megatron_lm_recompute_activations", "true"],
      "MegatronLMPlugin.recompute_activations is not supported"),
@@ -297,7 +297,7 @@ def test_accelerator_on_one_process(one_process):
 
 @pytest.mark.parametrize("kw,error,text", [
     (dict(parallelism_config=ParallelismConfig(tp_size=2)), ValueError, "total_size (2) does not match"),
-    (dict(parallelism_config=ParallelismConfig(pp_size=2)), NotImplementedError, "pipeline parallelism"),
+    (dict(parallelism_config=ParallelismConfig(pp_size=2)), ValueError, "total_size (2) does not match"),
     (dict(parallelism_config=ParallelismConfig(cp_size=2)), NotImplementedError, "context parallelism"),
     (dict(parallelism_config=ParallelismConfig(sp_size=2)), NotImplementedError, "sequence parallelism"),
     (dict(parallelism_config=ParallelismConfig(), megatron_lm_plugin=MegatronLMPlugin()), ValueError, "not both"),
@@ -331,3 +331,19 @@ def test_megatron_gradient_clipping_is_applied(one_process):
     acc.backward((model(torch.full((2, 4), 10.0)) - 100.0).pow(2).mean())
     opt.step()
     assert model.weight.norm().item() == pytest.approx(0.5, rel=1e-5)
+
+
+def test_pipeline_fields(monkeypatch):
+    """pp_schedule / pp_num_micro_batches / pp_virtual_stages (ours): defaults, variables, and bad values named."""
+    pc = ParallelismConfig(pp_size=2)
+    assert (pc.pp_schedule, pc.pp_num_micro_batches, pc.pp_virtual_stages) == ("1f1b", 2, 1)
+    monkeypatch.setenv("PARALLELISM_CONFIG_PP_SCHEDULE", "zb_h1")
+    monkeypatch.setenv("PARALLELISM_CONFIG_PP_NUM_MICRO_BATCHES", "8")
+    pc = ParallelismConfig(pp_size=2)
+    assert (pc.pp_schedule, pc.pp_num_micro_batches) == ("zb_h1", 8)
+    with pytest.raises(ValueError, match="pp_schedule must be one of"):
+        ParallelismConfig(pp_size=2, pp_schedule="zb")
+    with pytest.raises(ValueError, match="pp_num_micro_batches must be an integer of at least 1, but got 0"):
+        ParallelismConfig(pp_size=2, pp_num_micro_batches=0)
+    with pytest.raises(ValueError, match="pp_virtual_stages=2 needs pp_schedule='interleaved_1f1b'"):
+        ParallelismConfig(pp_size=2, pp_virtual_stages=2)

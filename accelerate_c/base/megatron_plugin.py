@@ -1,8 +1,8 @@
 # accelerate_c/base/megatron_plugin.py: HF 1.15's MegatronLMPlugin face (`accelerate.utils.MegatronLMPlugin`): HF's
 # fields, defaults and MEGATRON_LM_* variable fallbacks (the launcher's --megatron_lm_* flags and the
 # `megatron_lm_config:` block), without Megatron-LM: the plugin drives accelerate_c's own layout and engines.
-# Implemented: tp_degree (the tp dimension), pp_degree (the pp dimension; > 1 is refused until pipeline parallelism
-# lands), num_micro_batches (kept for the pipeline), sequence_parallelism (Megatron-SP under tp > 1) and
+# Implemented: tp_degree (the tp dimension), pp_degree (the pp dimension: our pipeline, 1F1B), num_micro_batches
+# (the pipeline's micro-batches per batch), sequence_parallelism (Megatron-SP under tp > 1) and
 # gradient_clipping (the global-norm clip applied at every optimizer step; 0 = off). Every other field left at a
 # value other than HF's default is a NotImplementedError naming it (`unsupported_fields`).
 # Not for: the layout built from it (runtime/layout_build.py).

@@ -19,6 +19,7 @@ from .parallel_handlers import DeepSpeedSequenceParallelConfig, TorchContextPara
 _ENV = "PARALLELISM_CONFIG_"
 SIZE_FIELDS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size", "pp_size")
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "sp", "tp")  # outermost first (HF's order, pp in front)
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")  # pipeline/schedules.py builds each
 
 
 def _size(name: str, value: Any) -> int:
@@ -46,6 +47,9 @@ class ParallelismConfig:
     cp_handler: Union[None, TorchContextParallelConfig] = None
     sp_handler: Union[None, DeepSpeedSequenceParallelConfig] = None
     pp_size: Optional[int] = None  # ours, last so that HF's positional order is kept
+    pp_schedule: Optional[str] = None           # ours: "gpipe", "1f1b" (default), "interleaved_1f1b", "zb_h1"
+    pp_num_micro_batches: Optional[int] = None  # ours: micro-batches per batch (default: pp_size)
+    pp_virtual_stages: Optional[int] = None     # ours: stages per rank of interleaved_1f1b (default 1)
 
     device_mesh = None  # (not a field) the torch DeviceMesh once get_device_mesh built it
 
@@ -68,6 +72,7 @@ class ParallelismConfig:
             raise ValueError(f"sp_backend must be one of ['deepspeed'], but got {self.sp_backend}")
         if self.pp_size < 1:
             raise ValueError(f"pp_size must be at least 1, but got {self.pp_size}")
+        self._pipeline_fields()
         if self.cp_size > 1 and self.sp_size > 1:
             raise ValueError("Context Parallelism (CP) and Sequence Parallelism (SP) are mutually exclusive. "
                              f"Got cp_size={self.cp_size} and sp_size={self.sp_size}. "
@@ -81,6 +86,25 @@ class ParallelismConfig:
                 "to compose HSDP + TP/CP for 3D parallel.")
         self._sizes = {"dp_replicate": self.dp_replicate_size, "dp_shard": self.dp_shard_size, "tp": self.tp_size,
                        "cp": self.cp_size, "sp": self.sp_size, "pp": self.pp_size}
+
+    def _pipeline_fields(self) -> None:
+        """pp_schedule / pp_num_micro_batches / pp_virtual_stages (ours): unset -> PARALLELISM_CONFIG_PP_* (default
+        "1f1b", pp_size, 1); a bad value is an error naming the field."""
+        if self.pp_schedule is None:
+            self.pp_schedule = settings.env_value(_ENV + "PP_SCHEDULE", "1f1b")
+        if self.pp_schedule not in PP_SCHEDULES:
+            raise ValueError(f"pp_schedule must be one of {list(PP_SCHEDULES)}, but got {self.pp_schedule!r}")
+        if self.pp_num_micro_batches is None:
+            self.pp_num_micro_batches = settings.env_int(_ENV + "PP_NUM_MICRO_BATCHES", default=self.pp_size)
+        if self.pp_virtual_stages is None:
+            self.pp_virtual_stages = settings.env_int(_ENV + "PP_VIRTUAL_STAGES", default=1)
+        for name in ("pp_num_micro_batches", "pp_virtual_stages"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer of at least 1, but got {v!r}")
+        if self.pp_virtual_stages > 1 and self.pp_schedule != "interleaved_1f1b":
+            raise ValueError(f"pp_virtual_stages={self.pp_virtual_stages} needs pp_schedule='interleaved_1f1b', "
+                             f"got {self.pp_schedule!r}")
 
     def _default_handlers(self) -> None:
         """HF: a default handler for each enabled dimension; a cp_handler of the wrong class is an error."""
@@ -96,7 +120,9 @@ class ParallelismConfig:
             self.sp_handler = DeepSpeedSequenceParallelConfig()
 
     def __repr__(self) -> str:
-        pp = f"\tpp_size={self.pp_size},\n" if self.pp_size != 1 else ""
+        pp = (f"\tpp_size={self.pp_size},\n\tpp_schedule={self.pp_schedule},\n\tpp_num_micro_batches="
+              f"{self.pp_num_micro_batches},\n\tpp_virtual_stages={self.pp_virtual_stages},\n"
+              if self.pp_size != 1 else "")
         return ("ParallelismConfig(\n "
                 f"\tdp_replicate_size={self.dp_replicate_size},\n\tdp_shard_size={self.dp_shard_size},\n"
                 f"\ttp_size={self.tp_size},\n\tcp_size={self.cp_size},\n\tcp_backend={self.cp_backend},\n"

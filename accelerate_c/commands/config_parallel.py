@@ -34,8 +34,12 @@ class ParallelismBlock(_Block):
     sp_seq_length: int | None = setting(None, "int", "sequence length (read when sp_size > 1)", bounds=_SIZE)
     sp_seq_length_is_variable: bool = setting(True, "bool", "variable sequence lengths (read when sp_size > 1)")
     sp_attn_implementation: str = setting("sdpa", "str", "attention implementation (read when sp_size > 1)")
-    pp_size: int = setting(1, "int", "accelerate_c: pipeline-parallel degree, the outermost dimension (> 1 is not "
-                                     "implemented yet)", bounds=_SIZE)
+    pp_size: int = setting(1, "int", "accelerate_c: pipeline-parallel degree, the outermost dimension", bounds=_SIZE)
+    pp_schedule: str = setting("1f1b", "str", "accelerate_c: the pipeline schedule",
+                               choices=("gpipe", "1f1b", "interleaved_1f1b", "zb_h1"))
+    pp_num_micro_batches: int | None = setting(None, "int", "accelerate_c: micro-batches per batch (default: "
+                                               "pp_size)", bounds=_SIZE)
+    pp_virtual_stages: int = setting(1, "int", "accelerate_c: stages per rank (interleaved_1f1b)", bounds=_SIZE)
 
     @classmethod
     def env_of(cls, name: str) -> str:
@@ -50,6 +54,8 @@ class ParallelismBlock(_Block):
                 continue
             if f.name.startswith("sp_") and f.name not in ("sp_size", "sp_backend") and self.sp_size <= 1:
                 continue
+            if f.name.startswith("pp_") and f.name != "pp_size" and (self.pp_size <= 1 or value is None):
+                continue
             out[self.env_of(f.name)] = "None" if value is None else env_str(value)
         return out
 
@@ -62,7 +68,7 @@ class MegatronBlock(_Block):
     FILE_PREFIX = True
     VALUED_BOOLS = True
     tp_degree: int = setting(1, "int", "tensor-parallel degree", bounds=_SIZE)
-    pp_degree: int = setting(1, "int", "pipeline-parallel degree (> 1 is not implemented yet)", bounds=_SIZE)
+    pp_degree: int = setting(1, "int", "pipeline-parallel degree (1F1B schedule)", bounds=_SIZE)
     num_micro_batches: int | None = setting(None, "int", "micro-batches per step (pipeline)", bounds=_SIZE)
     sequence_parallelism: bool | None = setting(None, "bool", "Megatron-SP over the tensor-parallel group")
     gradient_clipping: float = setting(1.0, "float", "global-norm gradient clipping (0 = off)", bounds=(0, None))

@@ -169,6 +169,11 @@ class BucketedGradSync:
         self.counter.reset()
         self.wait()
 
+    def sync_held(self) -> None:
+        """Averages the gradients the parameters hold now (accumulated under no_sync, e.g. by a pipeline stage's
+        backward passes): every bucket launched and waited for, as at the end of a synced backward."""
+        self._end_of_backward()
+
     def shadow(self, keep: bool = False) -> None:
         """The collectives of a synced backward on a rank out of inputs (ddp_join.py): every bucket and the used
         mask, in the order the active ranks issue them, with zero gradients, or with the ones it holds when `keep`

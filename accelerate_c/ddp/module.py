@@ -32,7 +32,15 @@ class DataParallelModule(torch.nn.Module):
         src = self._join.notify(self) if self._join is not None else 0  # may switch a lone sync off (ddp_join.py)
         sync = torch.is_grad_enabled() and self._grad_sync.enabled
         self._sync_buffers(src)
-        out = self.module(*args, **kwargs)
+        if getattr(self.module, "runs_backward", False) and self.module.training:
+            # a pipeline stage runs its micro-batches' backward passes inside this call: they accumulate unsynced,
+            # and what the rank then holds is averaged once
+            with self.no_sync():
+                out = self.module(*args, **kwargs)
+            if sync:
+                self._grad_sync.sync_held()
+        else:
+            out = self.module(*args, **kwargs)
         self._sync_buffers_next = sync
         return out
 
@@ -100,6 +108,10 @@ class GradSync:
     def reset_pass(self) -> None:
         """Before a backward: forget a pass that raised midway (its end-of-pass callback never ran)."""
         self._queued = False
+
+    def sync_held(self) -> None:
+        """Averages the gradients the parameters hold now (accumulated outside a synced backward)."""
+        self.sync_now()
 
     def shadow(self, keep: bool = False) -> None:
         """The collectives of a synced backward on a rank out of inputs (ddp_join.py), with zero gradients, or with

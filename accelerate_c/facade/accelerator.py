@@ -16,7 +16,7 @@ from .. import _C
 from .checkpoint_api import CheckpointAPI
 from ..optimizer import AcceleratedOptimizer
 from ..precision import make_precision
-from .parallel import apply_model_parallelism, parallel_plugins
+from .parallel import ModelParallel, parallel_plugins
 from .plugins import sharding_plugins
 from .probes import AcceleratorProbes
 from .run_properties import RunProperties
@@ -129,6 +129,9 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
                                         fused_kernels=self.strategy.config.fused_optimizer)
         self.scaler = self.precision.scaler
         self.native_amp = self.state.mixed_precision in ("fp16", "bf16")
+        # a pipelined model runs its backward inside its call: it scales each micro-batch's loss as backward() would
+        self.model_parallel = ModelParallel(self.state.parallel_layout, self._loss_for_backward,
+                                            lambda: bool(self.sync_gradients))
 
         self.flag_tensor: Optional[torch.Tensor] = None
         self._models: list = []
@@ -208,7 +211,7 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         if device_placement is None:
             device_placement = self.device_placement
         self._models.append(model)
-        model = apply_model_parallelism(model, self.state.parallel_layout, self.handlers)
+        model = self.model_parallel.prepare_model(model, self.handlers)
         model = self.precision.prepare_model(model)
         model = self.strategy.prepare_model(model, device_placement, evaluation_mode)
         model = compile_model(model, self.state.dynamo_plugin)  # last, as HF: it compiles the wrapper
@@ -222,7 +225,7 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
             return optimizer
         if device_placement is None:
             device_placement = self.device_placement
-        inner = self.strategy.prepare_optimizer(optimizer)
+        inner = self.strategy.prepare_optimizer(self.model_parallel.prepare_optimizer(optimizer))
         wrapped = AcceleratedOptimizer(inner, precision=self.precision, strategy=self.strategy,
                                        device_placement=device_placement, device=self.device)
         wrapped._is_accelerate_prepared = True
@@ -264,10 +267,17 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         return skip_first_batches(dataloader, num_batches=num_batches)
 
     # -- the training step -----------------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+    def _loss_for_backward(self, loss: torch.Tensor) -> torch.Tensor:
+        """What backward() backpropagates for `loss`: divided by the accumulation steps, then the precision's
+        scaling (fp16's loss scale)."""
         if self._gradient_accumulation_steps != 1:  # x / 1 == x bit for bit: skip the extra kernel
             loss = loss / self._gradient_accumulation_steps
-        self.strategy.backward(self.precision.scale_loss(loss), **kwargs)
+        return self.precision.scale_loss(loss)
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        if self.model_parallel.backward_done(loss):  # a pipeline's loss: its call ran the backward already
+            return
+        self.strategy.backward(self._loss_for_backward(loss), **kwargs)
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:

@@ -45,6 +45,9 @@ class PipelineOutput(dict):
 
 
 class PipelineEngine(nn.Module):
+    runs_backward = True  # its training call runs the backward itself (a data-parallel wrapper syncs after it)
+    _accelerate_c_wrapper = True  # unwrap_model gives the user's (pruned) model
+
     """See the header. `split`: split points (layer indices or module names, see stages.py); `layers`/`first`/`last`/
     `loss_fn`/`input_key`: a chain model's plan (adapters.py); `activation_checkpointing`: True (every stage) or the
     stages whose layers recompute their activations in backward; `autocast_dtype`: torch.autocast around each F."""
@@ -69,7 +72,7 @@ class PipelineEngine(nn.Module):
         ckpt = activation_checkpointing
         self.checkpointing = set(range(self.num_stages)) if ckpt is True else set(ckpt or ())
         self.scale_loss: Optional[Callable] = None
-        self.sync_grads = True
+        self.sync_grads: Union[bool, Callable[[], bool]] = True  # or a callable asked at the end of each call
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.adapter = adapter_for(model, layers=layers, first=tuple(first), last=tuple(last), loss_fn=loss_fn,
                                    input_key=input_key)
@@ -91,6 +94,9 @@ class PipelineEngine(nn.Module):
                              param_ptrs={p.untyped_storage().data_ptr() for p in model.parameters()},
                              autocast=autocast_dtype, track_memory=track_memory, device=self.device)
         self._sync_tied(values=True)
+        for _, p, ranks in self._tied_here():  # a tied weight's gradient norm is counted by its first holder only
+            if p is not None and self.rank != ranks[0]:
+                p._pp_counted_elsewhere = True
 
     # ---- stages ----------------------------------------------------------------------------------------------
     def _cut(self, model: nn.Module, split: st.Split) -> None:
@@ -195,8 +201,9 @@ class PipelineEngine(nn.Module):
                 loss = sum((results[i][0].float() for i in range(self.m)), loss)
             if self.transport is not None:
                 self.transport.broadcast(loss, last)
-            if self.sync_grads:
+            if self.sync_grads() if callable(self.sync_grads) else self.sync_grads:
                 self.sync_tied_grads()
+            loss._accelerate_c_backward_done = True  # accelerator.backward(loss) is then a no-op
             return PipelineOutput(loss=loss)
         return self._eval_result(results)
 

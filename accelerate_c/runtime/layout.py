@@ -129,13 +129,14 @@ class ParallelLayout:
 
     def __init__(self, degrees: Degrees, rank: int, *, device_type: str = "cpu", sequence_parallel: bool = False,
                  num_micro_batches: int = 1, gradient_clipping: Optional[float] = None, mesh_config: Any = None,
-                 source: str = "none") -> None:
+                 source: str = "none", pp_schedule: str = "1f1b", pp_virtual_stages: int = 1) -> None:
         self.degrees = degrees
         self.rank = rank
         self.coords = coordinates(degrees, rank)
         self.device_type = device_type
         self.sequence_parallel = bool(sequence_parallel) and degrees.tp > 1
         self.num_micro_batches = int(num_micro_batches)
+        self.pp_schedule, self.pp_virtual_stages = pp_schedule, int(pp_virtual_stages)
         self.gradient_clipping = gradient_clipping
         self.source = source  # "none" (trivial) | "parallelism_config" | "megatron_lm"
         self._mesh_config = mesh_config

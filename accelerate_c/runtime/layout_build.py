@@ -1,9 +1,10 @@
 # accelerate_c/runtime/layout_build.py: the one place a run's parallel layout is decided, once, from the user's
 # ParallelismConfig or MegatronLMPlugin (at most one of them) and the world: HF's checks against the world
-# (ParallelismConfig._validate_world, HF's error texts), what accelerate_c implements (pipeline, context and
+# (ParallelismConfig._validate_world, HF's error texts), what accelerate_c implements (context parallelism and
 # DeepSpeed-Ulysses sequence parallelism are refused with a NotImplementedError naming them), the Megatron-LM
-# mapping (tp_degree -> tp, pp_degree -> pp, the rest of the world data-parallel), then the ParallelLayout with
-# its process groups made (collective over every rank when a config asks for more than data parallelism).
+# mapping (tp_degree -> tp, pp_degree -> pp, num_micro_batches, the rest of the world data-parallel), then the
+# ParallelLayout with its process groups made (collective over every rank when a config asks for more than data
+# parallelism).
 # The data-parallel dimension of a layout that does not say which (the trivial one, Megatron-LM's) is dp_shard
 # under FSDP / DeepSpeed (`sharded`) and dp_replicate otherwise.
 # Not for: the layout object itself (layout.py) or the faces (base/parallelism_config.py, base/megatron_plugin.py).
@@ -21,11 +22,8 @@ def trivial_layout(num_processes: int, process_index: int, sharded: bool = False
     return ParallelLayout(degrees, process_index, device_type=device_type)
 
 
-def refuse_unimplemented(pp: int, cp: int, sp: int, pp_field: str) -> None:
-    """pp / cp / sp > 1: a NotImplementedError naming the dimension and the field that asked for it."""
-    if pp > 1:
-        raise NotImplementedError(f"pipeline parallelism ({pp_field}={pp}) is not implemented yet in accelerate_c; "
-                                  f"use tensor and data parallelism ({pp_field}=1)")
+def refuse_unimplemented(cp: int, sp: int) -> None:
+    """cp / sp > 1: a NotImplementedError naming the dimension and the field that asked for it."""
     if cp > 1:
         raise NotImplementedError(f"context parallelism (ParallelismConfig.cp_size={cp}) is not implemented yet in "
                                   "accelerate_c; use cp_size=1")
@@ -37,7 +35,7 @@ def refuse_unimplemented(pp: int, cp: int, sp: int, pp_field: str) -> None:
 
 
 def _from_parallelism_config(pc: Any, num_processes: int, distributed_type: str, is_main: bool) -> Degrees:
-    refuse_unimplemented(pc.pp_size, pc.cp_size, pc.sp_size, "ParallelismConfig.pp_size")
+    refuse_unimplemented(pc.cp_size, pc.sp_size)
     pc._validate_world(num_processes, distributed_type, is_main)
     return Degrees(pp=pc.pp_size, dp_replicate=pc.dp_replicate_size, dp_shard=pc.dp_shard_size, cp=pc.cp_size,
                    tp=pc.tp_size)
@@ -45,7 +43,6 @@ def _from_parallelism_config(pc: Any, num_processes: int, distributed_type: str,
 
 def _from_megatron(plugin: Any, num_processes: int, sharded: bool) -> Degrees:
     tp, pp = plugin.tp_degree, plugin.pp_degree
-    refuse_unimplemented(pp, 1, 1, "MegatronLMPlugin.pp_degree")
     if num_processes % (tp * pp):
         raise ValueError(f"MegatronLMPlugin: tp_degree ({tp}) x pp_degree ({pp}) = {tp * pp} does not divide the "
                          f"number of processes ({num_processes}); the data-parallel degree is processes / (tp x pp)")
@@ -64,7 +61,10 @@ def decide(parallelism_config: Optional[Any], megatron_lm_plugin: Optional[Any],
                          "ACCELERATE_USE_MEGATRON_LM), not both: they describe the same layout")
     if parallelism_config is not None:
         degrees = _from_parallelism_config(parallelism_config, num_processes, distributed_type, is_main_process)
-        return degrees, dict(mesh_config=parallelism_config, source="parallelism_config")
+        return degrees, dict(mesh_config=parallelism_config, source="parallelism_config",
+                             num_micro_batches=parallelism_config.pp_num_micro_batches,
+                             pp_schedule=parallelism_config.pp_schedule,
+                             pp_virtual_stages=parallelism_config.pp_virtual_stages)
     if megatron_lm_plugin is not None:
         if distributed_type == "DEEPSPEED":
             raise ValueError("MegatronLMPlugin cannot be combined with DeepSpeed in accelerate_c: use "

@@ -151,14 +151,15 @@ class ShardedParams:
 
     @torch.no_grad()
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float,
-                        replicated: list[torch.Tensor], split_group: Any = None,
-                        is_split: Callable[[torch.Tensor], bool] = lambda p: False) -> torch.Tensor:
+                        replicated: list[torch.Tensor], model_group: Any = None,
+                        counted: Callable[[torch.Tensor], bool] = lambda p: True) -> torch.Tensor:
         """The norm over every rank's shard gradients of `parameters` (unit parameters by their pieces; a
         `replicated` parameter outside the units, its gradient identical on every rank, counted once), one control
         all-reduce; every gradient is then scaled by min(1, max_norm / (norm + 1e-6)), as
-        torch.nn.utils.clip_grad_norm_. `split_group`: the ranks the model itself is split over (tensor
-        parallelism: collective over it too); a parameter for which `is_split` holds (the original parameter, not
-        its piece) is a different block on each of them, so its contributions are summed over it too."""
+        torch.nn.utils.clip_grad_norm_. `model_group`: the ranks that hold the other parts of one model replica
+        (tensor / pipeline parallelism; collective over it too): a parameter counts on this rank when `counted`
+        holds for it (the original parameter, not its piece; e.g. a TP-replicated norm weight on one TP rank only),
+        and the parts are summed over the group."""
         engine = self.engine
         if not self._ready:
             engine.views.settle()  # gradients user code materialized (and maybe scaled) back into the shards
@@ -169,22 +170,17 @@ class ShardedParams:
             # once before_step attached them (after unscaling), the pieces' gradients are the ones to step
             g = (self.pieces[i].grad if self._ready else self.grads[i]) if i is not None else None
             if g is not None and g.numel():
-                mine.append((g, is_split(engine.entries[i].param)))
-        rep = [(p.grad, is_split(p)) for p in replicated if p.grad is not None and p.grad.numel()]
-        counted = mine + (rep if engine.rank == 0 else [])
-        # this rank's part with the C kernels of accelerate_c.optim.gradops (fp64 accumulation), then one all-reduce
-        # ([split part, whole part]; the split part once more over split_group)
+                mine.append((g, counted(engine.entries[i].param)))
+        rep = [(p.grad, counted(p)) for p in replicated if p.grad is not None and p.grad.numel()]
+        grads = [g for g, c in mine + (rep if engine.rank == 0 else []) if c]
+        # this rank's part with the C kernels of accelerate_c.optim.gradops (fp64 accumulation), then all-reduces
         from ..optim.gradops import global_norm, scale_
         op = "max" if math.isinf(norm_type) else "sum"
-        power = 1.0 if op == "max" else norm_type
-        local = torch.stack([global_norm([g for g, s in counted if s == part], norm_type).reshape(()).to(torch.float64)
-                             for part in (True, False)]) ** power
-        both = engine.comm.all_reduce(local, op, control=True)
-        split = both[:1].clone()
-        if split_group is not None and split_group.size > 1:
-            split_group.all_reduce(split, op)
-        total = torch.maximum(split[0], both[1]) if op == "max" else (split[0] + both[1]) ** (1.0 / norm_type)
-        total = total.float()
+        local = global_norm(grads, norm_type).reshape(1).to(torch.float64) ** (1.0 if op == "max" else norm_type)
+        total = engine.comm.all_reduce(local, op, control=True).clone()
+        if model_group is not None and model_group.size > 1:
+            model_group.all_reduce(total, op)
+        total = (total[0] if op == "max" else total[0] ** (1.0 / norm_type)).float()
         coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
         scale_([g for g, _ in mine + rep], coef)
         return total

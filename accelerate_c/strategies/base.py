@@ -181,14 +181,21 @@ class Strategy:
     def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float,
                         norm_type: float = 2.0) -> torch.Tensor:
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        if self.state.parallel_layout.tp > 1:  # the logical model's norm: slices summed over the TP group
-            from ..tensor_parallel import clip_grad_norm_ as tp_clip
-            return tp_clip(params, max_norm, self.state.parallel_layout.tp_group, norm_type=norm_type)
+        if self.mp.size > 1:  # the logical model's norm: each replica's parts summed over its ranks, counted once
+            return _model_clip(params, max_norm, norm_type, self.mp.group, self.counts_here)
         grads = [p.grad for p in params if p.grad is not None]
         if grads and all(g.device.type == "cpu" for g in grads):
             from ..optim.gradops import clip_grad_norm_  # one fused norm pass + one scale pass (C)
             return clip_grad_norm_(grads, max_norm, norm_type=norm_type)
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
+
+    def counts_here(self, p: torch.Tensor) -> bool:
+        """Whether this rank counts parameter p in the model's gradient norm: not when another rank of the replica
+        holds the same values (a TP-replicated tensor: TP rank 0 counts it; a weight tied across pipeline stages:
+        its first holder, pipeline/engine.py marks the others)."""
+        if getattr(p, "_pp_counted_elsewhere", False):
+            return False
+        return getattr(p, "_tp_slice", None) is not None or self.state.parallel_layout.tp_rank == 0
 
     def clip_grad_value_(self, parameters: Iterable[torch.nn.Parameter], clip_value: float) -> None:
         torch.nn.utils.clip_grad_value_(list(parameters), clip_value)
@@ -199,6 +206,9 @@ class Strategy:
         in the engine's dtype, under ZeRO-3 only with stage3_gather_16bit_weights_on_model_save (saved_weights_dtype's
         rule); the sharded strategy has its own (strategies/sharded.py)."""
         from ..runtime.models import extract_model_from_parallel
+        if self.state.parallel_layout.pp > 1:  # the logical model, every stage's (collective over TP and PP)
+            from ..pipeline.holdings import full_state_dict, pipeline_of
+            return full_state_dict(pipeline_of(model), self.state.parallel_layout)
         if self.state.parallel_layout.tp > 1:  # the logical tensors, gathered over the TP group (collective)
             from ..tensor_parallel import gather_full_state_dict
             return gather_full_state_dict(extract_model_from_parallel(model))
@@ -223,6 +233,9 @@ class Strategy:
         """The model's logical tensors as this rank holds them (checkpointing/slices.py): here every tensor whole,
         each written by one rank (checkpointing/layout.py whole_model_slices)."""
         from ..checkpointing.layout import whole_model_slices
+        if self.state.parallel_layout.pp > 1:  # this stage's tensors; the other stages' listed empty
+            from ..pipeline.holdings import model_slices, pipeline_of
+            return model_slices(pipeline_of(model), self.state.parallel_layout)
         if self.state.parallel_layout.tp > 1:  # TP slices: one data-parallel replica writes them
             from ..runtime.models import extract_model_from_parallel
             from ..tensor_parallel import checkpoint_slices
@@ -235,6 +248,9 @@ class Strategy:
         the logical model (checkpointing/slices.py ParamSlot): here every parameter whole, each written by one rank
         (checkpointing/layout.py whole_optimizer_layout)."""
         from ..checkpointing.layout import whole_optimizer_layout
+        if self.state.parallel_layout.pp > 1:
+            from ..pipeline.holdings import optimizer_layout, pipeline_of
+            return optimizer_layout(pipeline_of(model), self.state.parallel_layout, optimizer)
         if self.state.parallel_layout.tp > 1:
             from ..runtime.models import extract_model_from_parallel
             from ..tensor_parallel.logical import optimizer_layout
@@ -253,6 +269,23 @@ class Strategy:
 
     def close(self) -> None:
         """Release communication resources (end_training)."""
+
+
+def _model_clip(params: list, max_norm: float, norm_type: float, group: Any,
+                counts_here: Callable[[torch.Tensor], bool]) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ over a model whose replica is split over `group`'s ranks (tensor / pipeline
+    parallelism): this rank's counted gradients' power sum (C kernels, fp64), summed (max for inf) over the group."""
+    import math
+    from ..optim.gradops import global_norm, scale_
+    norm_type = float(norm_type)
+    grads = [p.grad for p in params if p.grad is not None]
+    mine = [p.grad for p in params if p.grad is not None and counts_here(p)]
+    op = "max" if math.isinf(norm_type) else "sum"
+    total = global_norm(mine, norm_type).reshape(1).to(torch.float64) ** (1.0 if op == "max" else norm_type)
+    group.all_reduce(total, op)
+    total = (total[0] if op == "max" else total[0] ** (1.0 / norm_type)).float()
+    scale_([g for g in grads if g.numel()], torch.clamp(float(max_norm) / (total + 1e-6), max=1.0))
+    return total
 
 
 def compute_dtype(state: Any) -> Optional[torch.dtype]:

@@ -113,6 +113,10 @@ class ShardedDataParallel(BucketedDataParallel):
                 if evaluation_mode:  # (DDP's prepare broadcasts for training only)
                     self.broadcast(list(model.parameters()) + list(model.buffers()))
             return super().prepare_model(model, device_placement, evaluation_mode)
+        if getattr(model, "runs_backward", False):  # a pipeline stage (pp_size > 1)
+            raise NotImplementedError("ZeRO / FSDP over a pipeline stage's data-parallel group is not implemented in "
+                                      "accelerate_c: with pp_size > 1 use dp_replicate_size (DDP over each stage) "
+                                      "or ZeRO stage 0")
         from ..sharding.construct import construction_needed
         from ..sharding.engine import ShardEngine
         from ..sharding.optim_shard import ShardedParams
@@ -249,9 +253,8 @@ class ShardedDataParallel(BucketedDataParallel):
         sp = self.sharded[0]
         known = set(sp.engine.index) | set(sp.of_piece)
         rep = [p for p in params if id(p) not in known]
-        layout = self.state.parallel_layout  # tensor parallelism: TP slices summed over the TP group too
-        return sp.clip_grad_norm_(params, max_norm, norm_type, rep, layout.tp_group,
-                                  lambda p: getattr(p, "_tp_slice", None) is not None)
+        # tensor / pipeline parallelism: the parts of one replica summed over its ranks, each part counted once
+        return sp.clip_grad_norm_(params, max_norm, norm_type, rep, self.mp.group, self.counts_here)
 
     @contextlib.contextmanager
     def join(self, joinables: list, enable: bool = True) -> Iterator[None]:

