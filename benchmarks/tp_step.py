@@ -148,7 +148,7 @@ def activation_bytes(model, forward) -> int:
     seen: dict = {}
 
     def pack(t):
-        s = t.untyped_storage()
+        s = _local(t).untyped_storage()  # (a DTensor: its local shard's storage)
         if s.data_ptr() not in params:
             seen[s.data_ptr()] = s.nbytes()
         return t
