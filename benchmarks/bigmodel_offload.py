@@ -90,7 +90,10 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-record", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="a 4-layer model, 1 forward, nothing recorded")
     args = ap.parse_args()
+    if args.quick:
+        args.layers, args.reps, args.no_record = 4, 1, True
     with tempfile.TemporaryDirectory(prefix="bigmodel_bench_") as folder:
         info = _save(folder, args.hidden, args.layers)
         budget = info["total"] // 2

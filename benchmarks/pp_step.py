@@ -11,7 +11,7 @@
 # per-stage busy time of our timeline) next to what the shared simulator predicts for the same schedule fed with the
 # measured per-stage F, B, W times (no communication time), and stage 0's peak activation bytes (a separate step with
 # saved-tensor accounting). Targets (for information): our 1F1B <= 0.9x torch's 1F1B; our best <= 0.85x.
-# Not for: correctness (tests/test_pipeline_parity.py). Run: python benchmarks/pp_step.py [--quick] [--record]
+# Not for: correctness (tests/test_pipeline_parity.py). Run: python benchmarks/pp_step.py [--quick] [--no-record]
 from __future__ import annotations
 
 import argparse
@@ -219,7 +219,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--quick", action="store_true", help="2 measured steps after 1 warm-up")
-    ap.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    ap.add_argument("--no-record", action="store_true", help="do not append the table to benchmarks/RESULTS.md")
     args = ap.parse_args()
     if args.quick:
         args.steps, args.warmup = 2, 1
@@ -244,7 +244,7 @@ def main() -> None:
         lines.append(f"| ours {label} | {t:.3f} | {t / base:.2f} | {100 * meas:.1f}% | {100 * sim:.1f}% | "
                      f"{peak:.1f} MiB |")
     print("\n".join(lines))
-    if args.record:
+    if not args.no_record and not args.quick:
         from _results import append_results
         append_results("pipeline step (benchmarks/pp_step.py)", lines)
 

@@ -1,0 +1,120 @@
+# benchmarks/trainer_step.py: transformers' Trainer step time on 2 CPU processes, the same script under HF Accelerate
+# 1.15 (torchrun) and under accelerate_c (`launch --as_accelerate`: Trainer's `import accelerate` served by
+# accelerate_c), issue 23's setup: GPT-2 from a config (4 layers, width 256, vocab 4096), 128 tokens, batch 4 per
+# process, bf16, gradient accumulation 2. Each run times its optimizer steps (a TrainerCallback, rank 0, steps after
+# the warm-up); the two libraries alternate for --rounds rounds; medians and the ratio are printed and appended to
+# RESULTS.md. Target: accelerate_c <= 0.9x HF's.
+# Run: python benchmarks/trainer_step.py [--steps N] [--rounds R] [--quick] [--no-record]
+# Not for: correctness (tests/test_hf_trainer.py).
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from _results import append_results  # noqa: E402
+from ddp_step import free_port  # noqa: E402
+
+
+def worker(args) -> None:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+    class Data(torch.utils.data.Dataset):
+        def __init__(self, n: int) -> None:
+            self.ids = torch.randint(0, 4096, (n, 128), generator=torch.Generator().manual_seed(0))
+
+        def __len__(self) -> int:
+            return len(self.ids)
+
+        def __getitem__(self, i: int) -> dict:
+            return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+    class Clock(TrainerCallback):
+        def __init__(self) -> None:
+            self.t: list[float] = []
+
+        def on_step_end(self, a, state, control, **kw):
+            self.t.append(time.perf_counter())
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=4096, n_positions=128))
+    targs = TrainingArguments(output_dir=args.out + ".run", max_steps=args.steps, per_device_train_batch_size=4,
+                              gradient_accumulation_steps=2, learning_rate=1e-4, bf16=True, use_cpu=True,
+                              report_to=[], logging_steps=1000, save_strategy="no", seed=0,
+                              dataloader_num_workers=0)
+    clock = Clock()
+    trainer = Trainer(model=model, args=targs, train_dataset=Data(4 * 2 * 2 * (args.steps + 1)), callbacks=[clock])
+    trainer.train()
+    if trainer.is_world_process_zero():
+        import accelerate
+        dt = [b - a for a, b in zip(clock.t, clock.t[1:])][args.warmup:]
+        with open(args.out, "w") as f:
+            json.dump({"step": statistics.median(dt), "accelerate": accelerate.__file__}, f)
+
+
+def launch(impl: str, args, out: str) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    script = [os.path.abspath(__file__), "--worker", "--out", out, "--steps", str(args.steps), "--warmup",
+              str(args.warmup)]
+    if impl == "hf":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(free_port()), *script]
+    else:
+        cmd = [sys.executable, "-m", "accelerate_c", "launch", "--as_accelerate", "--num_processes", "2",
+               "--main_process_port", "0", *script]
+    p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    if p.returncode != 0:
+        raise RuntimeError(f"{impl} run failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    with open(out) as f:
+        return json.load(f)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="transformers Trainer step time: accelerate_c vs HF Accelerate")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="1 round of 5 steps (1 warm-up), nothing recorded")
+    ap.add_argument("--no-record", action="store_true")
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    if args.quick:
+        args.rounds, args.steps, args.warmup = 1, 5, 1
+    times: dict[str, list[float]] = {"hf": [], "ours": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for impl in ("hf", "ours"):
+                res = launch(impl, args, os.path.join(tmp, f"{impl}{r}.json"))
+                expect = "accelerate_c" if impl == "ours" else os.sep + "accelerate" + os.sep
+                assert expect in res["accelerate"], (impl, res["accelerate"])  # the library that really ran
+                times[impl].append(res["step"])
+    hf, ours = statistics.median(times["hf"]), statistics.median(times["ours"])
+    lines = ["transformers Trainer, GPT-2 from a config (4 layers, width 256, vocab 4096), 128 tokens, batch 4 per "
+             f"process, bf16, gradient accumulation 2, 2 CPU processes x 1 thread; {args.steps} steps ({args.warmup} "
+             f"warm-up), {args.rounds} alternating rounds, median s per optimizer step", "",
+             "| library | s/step | vs HF |", "|---|---|---|",
+             f"| HF Accelerate 1.15 | {hf:.3f} | 1.00 |", f"| accelerate_c (--as_accelerate) | {ours:.3f} | "
+             f"{ours / hf:.2f} |", "",
+             "- per-round: " + "; ".join(f"{k} {[round(x, 3) for x in v]}" for k, v in times.items()),
+             "- target: accelerate_c <= 0.9x HF's"]
+    print("\n".join(lines))
+    if not args.no_record and not args.quick:
+        append_results("transformers Trainer step time (benchmarks/trainer_step.py)", lines)
+
+
+if __name__ == "__main__":
+    main()
