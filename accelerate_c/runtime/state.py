@@ -172,16 +172,21 @@ class PartialState:
             if isinstance(values, dict):
                 return {k: split(v) for k, v in values.items()}
             if isinstance(values, (list, tuple, torch.Tensor)):
-                part = values[-1:] if start >= len(values) else values[start:end]
+                part = values[start:end]
                 if apply_padding:
+                    if start >= len(values):  # fewer inputs than processes: pad from the last one
+                        part = values[-1:]
                     target = per + (1 if extras > 0 else 0)
                     if isinstance(part, torch.Tensor):
                         part = _pad_rows(part.to(self.device), target, values[-1])
                     else:
-                        part = part + type(part)([part[-1]]) * (target - len(part))
+                        part = part + type(part)([values[-1]]) * (target - len(part))
                 return part
             if hasattr(values, "select") and hasattr(values, "__len__"):  # datasets.Dataset
-                return values.select(range(start, min(end, len(values))))
+                rows = list(range(min(start, len(values)), min(end, len(values))))
+                if apply_padding:
+                    rows += [len(values) - 1] * (per + (1 if extras > 0 else 0) - len(rows))
+                return values.select(rows)
             return values
 
         yield split(inputs)
