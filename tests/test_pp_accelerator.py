@@ -3,7 +3,8 @@
 # ParallelismConfig and MegatronLMPlugin, against the one-process loop (tests/scripts/pp_accel.py: losses 1e-5
 # relative over 8 steps, the clipped norm, the final logical weights, the optimizer holding the stage only); a
 # checkpoint saved under dp=2 x tp=2 x pp=2 (8 processes) loads bitwise on one process, under pp=2 and under DDP
-# (tests/scripts/tp_load.py).
+# (tests/scripts/tp_load.py); ZeRO-1/2 over the stages of dp_shard=2 x pp=2 (tests/scripts/pp_zero.py) and its checkpoint
+# loaded on one process and under pp=2.
 # Not for: the engine's own checks (test_pipeline_*.py), timing (benchmarks/pp_step.py).
 import json
 import os
@@ -43,4 +44,25 @@ def test_dp_tp_pp_on_8_processes_and_its_checkpoint(run, tmp_path):
         for r in range(n):
             with open(os.path.join(tmp_path, f"load_rank{r}.json")) as f:
                 got.append(json.load(f))
+        assert got == ["ok"] * n, f"{mode}:\n" + "\n".join(g for g in got if g != "ok")
+
+
+def test_zero_over_pipeline_stages_and_its_checkpoint(run, tmp_path):
+    """dp_shard=2 x pp=2 on 4 processes, one launch (tests/scripts/pp_zero.py): FSDP FULL_SHARD over stages refused
+    naming what works; DeepSpeed ZeRO-1 (its gradient_clipping over every stage; fp16 overflow on one rank skips the
+    step everywhere) and FSDP SHARD_GRAD_OP (ZeRO-2, ZB-H1, accumulation, tied embeddings, one unit per layer) against
+    the one-process loop; the ZeRO-1 checkpoint loads bitwise on one process and under pp=2."""
+    ck, full = tmp_path / "ck", tmp_path / "full.safetensors"
+    run("pp_zero.py", ["--out", str(tmp_path), "--save", str(ck)], nproc=4, launcher="accelerate_c", timeout=600)
+    failures = []
+    for r in range(4):
+        with open(os.path.join(tmp_path, f"rank{r}.json")) as f:
+            res = json.load(f)
+        assert len(res) == 9, (r, sorted(res))
+        failures += [f"rank {r}, {k}:\n{v}" for k, v in res.items() if v != "ok"]
+    assert not failures, "\n".join(failures)
+    for mode, n in [("single", 1), ("pp", 2)]:
+        run("tp_load.py", ["--mode", mode, "--ckpt", str(ck), "--full", str(full), "--out", str(tmp_path),
+                           "--layers", "4"], nproc=n, launcher="accelerate_c", timeout=600)
+        got = [json.load(open(os.path.join(tmp_path, f"load_rank{r}.json"))) for r in range(n)]
         assert got == ["ok"] * n, f"{mode}:\n" + "\n".join(g for g in got if g != "ok")

@@ -2,7 +2,8 @@
 # Megatron-LM, the parallelism config and device mesh, fp8 backend, the *_parallel_rank properties), as a mixin
 # (the state's own probes: runtime/probes.py). They answer what HF 1.15 answers: for DeepSpeed/FSDP from the
 # state's plugins (state.py sets them), the parallel ranks from the state's parallel layout (the coordinates
-# HF reads from its DeviceMesh, without building one).
+# HF reads from its DeviceMesh, without building one; pipeline_parallel_rank, which HF 1.15 always refuses, gives the
+# pipeline rank when pp > 1).
 # Not for: the features themselves (the layout: runtime/layout.py; the engines).
 from __future__ import annotations
 
@@ -85,6 +86,11 @@ class AcceleratorProbes:
 
     @property
     def pipeline_parallel_rank(self) -> int:
+        """This rank's pipeline stage index (its coordinate in the pipeline group) when pipeline parallelism is on
+        (ParallelismConfig pp_size > 1 or MegatronLMPlugin pp_degree > 1); otherwise HF 1.15's answer, which has no
+        pipeline parallelism: its NotImplementedError."""
+        if self.state.parallel_layout.pp > 1:
+            return self.state.parallel_layout.pp_rank
         raise NotImplementedError("Pipeline parallelism is currently not supported in Accelerate.")
 
     @property

@@ -297,6 +297,11 @@ class PipelineEngine(nn.Module):
                     p.grad.detach().mul_(coef)
         return norm
 
+    def parameters_moved(self) -> None:
+        """The stage's parameters now live elsewhere (a sharded engine's flat buffers): the runtime's record of
+        parameter storage (activation memory accounting) renewed."""
+        self.runner.param_ptrs = {p.untyped_storage().data_ptr() for p in self.module.parameters()}
+
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()

@@ -8,6 +8,7 @@
 # Not for: the engine (engine.py), the file format (checkpointing/).
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Any, Optional
 
@@ -94,20 +95,38 @@ def optimizer_layout(engine: Any, layout: Any, optimizer: torch.optim.Optimizer)
     return out
 
 
-def full_state_dict(engine: Any, layout: Any) -> dict[str, torch.Tensor]:
-    """The logical model's state dict on every rank (collective over the TP and pipeline groups)."""
+def on_stage(engine: Any, layout: Any, items: list) -> list:
+    """A stage's own layout (TensorSlices or ParamSlots of the stage's tensors, laid out over its data-parallel
+    ranks by another engine, e.g. the sharded one) as a layout of the logical model: a tensor is written only by the
+    pipeline rank that owns it (checkpoint_owner: a tied weight's first holder), and for TensorSlices every logical
+    tensor of the other stages is listed as an empty slice."""
+    out = [dataclasses.replace(s, owner=s.owner and engine.checkpoint_owner(s.name) == layout.pp_rank)
+           for s in items]
+    if items and isinstance(items[0], TensorSlice):
+        held = {s.name for s in items}
+        out += [TensorSlice(k, shape, dtype, 0, torch.empty(0, dtype=dtype), owner=False)
+                for k, (shape, dtype) in engine.full_state.items() if k not in held]
+    return out
+
+
+def full_state_dict(engine: Any, layout: Any, held: Optional[dict] = None,
+                    dtype: Optional[torch.dtype] = None) -> dict[str, torch.Tensor]:
+    """The logical model's state dict on every rank (collective over the TP and pipeline groups). `held`: this
+    stage's full tensors when another engine gathered them (the sharded one; default: the stage module's own, TP
+    blocks gathered); `dtype`: the dtype of its floating tensors (default: the logical dtype)."""
     import torch.distributed as dist
     module = engine.module
-    if layout.tp > 1:
+    if held is None and layout.tp > 1:
         from ..tensor_parallel import gather_full_state_dict
         held = gather_full_state_dict(module)
-    else:
+    elif held is None:
         held = {k: t.detach() for k, t in module.state_dict(keep_vars=True).items()}
     pp = layout.dim("pp")
     out = {}
-    for k, (shape, dtype) in engine.full_state.items():
+    for k, (shape, dt) in engine.full_state.items():
+        dt = dtype if dtype is not None and dt.is_floating_point else dt
         src = engine.checkpoint_owner(k)
-        t = held[k].contiguous().clone() if pp.rank == src and k in held else torch.empty(shape, dtype=dtype)
+        t = held[k].contiguous().clone() if pp.rank == src and k in held else torch.empty(shape, dtype=dt)
         if src == pp.rank and k not in held:  # a tied weight its owner holds under another name
             t = next(held[n] for names in engine.tied if k in names for n in names if n in held).clone()
         dist.broadcast(t, src=pp.ranks[src], group=pp.process_group)

@@ -182,6 +182,17 @@ class ShardEngine:
         if self.zero3 is not None:
             self.zero3.end_of_backward()
 
+    @torch.no_grad()
+    def sync_held(self) -> None:
+        """What the units hold now reduced, as at the end of a synced backward (gradients accumulated outside one: a
+        pipeline stage's micro-batches under no_sync): every unit in the hooks' fixed order, the used mask agreed,
+        the replicated parameters averaged (collective over the shard group)."""
+        self._reduce_units(0, len(self.units))
+        self.wait()
+        self.agree_used()
+        if self.replicated_sync is not None:
+            self.replicated_sync.sync_now()
+
     def reset_pass(self) -> None:
         """Before a backward: forget a pass that raised midway (its end callback never ran); stage 1, the averages of
         an earlier reduction moved aside (as a forward does)."""

@@ -44,6 +44,10 @@ class _SyncSwitch:
         if self.replicated is not None:
             self.replicated.enabled = value
 
+    def sync_held(self) -> None:
+        """What the units hold reduced once (a pipeline stage's micro-batches, run under no_sync)."""
+        self.engine.sync_held()
+
     def shadow(self) -> None:
         """The collectives of a synced backward with zero gradients (stages 1/2; sharding/join.py)."""
         from ..sharding.join import shadow_backward
@@ -72,6 +76,9 @@ class ShardedDataParallel(BucketedDataParallel):
         self.step_seconds: dict[str, float] = {}  # the last step: the optimizer on the shard, the all-gather after
         self.last_precision: Optional[Any] = None  # the Accelerator's precision, as last passed (join's shadow)
         self._join_optims: list = []      # prepared optimizers, in order (a join names them by index)
+        self._stage_hooks: list = []      # pipeline stages: their pre-call hooks (sharded_stages.attach)
+        from .sharded_stages import refuse_unsupported
+        refuse_unsupported(self.stage, self.config.face, self.state.parallel_layout)
 
     @property
     def stage(self) -> int:
@@ -113,23 +120,25 @@ class ShardedDataParallel(BucketedDataParallel):
                 if evaluation_mode:  # (DDP's prepare broadcasts for training only)
                     self.broadcast(list(model.parameters()) + list(model.buffers()))
             return super().prepare_model(model, device_placement, evaluation_mode)
-        if getattr(model, "runs_backward", False):  # a pipeline stage (pp_size > 1)
-            raise NotImplementedError("ZeRO / FSDP over a pipeline stage's data-parallel group is not implemented in "
-                                      "accelerate_c: with pp_size > 1 use dp_replicate_size (DDP over each stage) "
-                                      "or ZeRO stage 0")
         from ..sharding.construct import construction_needed
         from ..sharding.engine import ShardEngine
         from ..sharding.optim_shard import ShardedParams
-        construct = construction_needed(model, self._comm())  # collective: some rank's model is on meta
+        # a pipeline stage (pp_size > 1; its call runs the backward): the engine shards the user's pruned model
+        stage = model if getattr(model, "runs_backward", False) else None
+        inner = stage.module if stage is not None else model
+        construct = construction_needed(inner, self._comm())  # collective: some rank's model is on meta
         if device_placement and not construct:
             model = model.to(self.state.device)
         # every rank starts from rank 0's parameters and buffers (sync_module_states), as DDP at construction
         # (sharded construction sends rank 0's unit by unit)
         if not construct:
             self.broadcast(list(model.parameters()) + list(model.buffers()))
-        engine = ShardEngine(model, self._engine_config(), self._comm(), construct=construct)
+        engine = ShardEngine(inner, self._engine_config(), self._comm(), construct=construct)
         self.engines.append(engine)
         self.sharded.append(ShardedParams(engine))
+        if stage is not None:
+            from .sharded_stages import attach
+            self._stage_hooks.append(attach(stage, engine, self.sharded[-1]))
         rep = [p for _, p in engine.replicated if p.requires_grad]
         # replicated parameters are averaged at the end of the engine's own pass, after its units (the order a join's
         # shadow mirrors: sharding/join.py shadow_backward)
@@ -281,6 +290,10 @@ class ShardedDataParallel(BucketedDataParallel):
         stage3_gather_16bit_weights_on_model_save (else HF's ValueError, on every rank before any collective);
         ZeRO 0-2 on every rank (the module's own weights)."""
         everywhere = self.deepspeed.state_dict_everywhere(self.stage)
+        if self.state.parallel_layout.pp > 1 and self._engine_of(model) is not None:  # the logical model, every stage's
+            from .sharded_stages import full_state_dict
+            out = full_state_dict(model, self._engine_of(model), self.state.parallel_layout, self.saved_weights_dtype())
+            return out if everywhere or self.state.process_index == 0 else self.deepspeed.state_dict_off_rank0({})
         out = self.gather_state_dict(model, self.saved_weights_dtype(), rank0_only=not everywhere)
         if not everywhere and self.state.process_index != 0:
             return self.deepspeed.state_dict_off_rank0(out)
@@ -312,6 +325,9 @@ class ShardedDataParallel(BucketedDataParallel):
         engine = self._engine_of(model)
         if engine is None:
             return super().model_slices(model)
+        if self.state.parallel_layout.pp > 1:  # this stage's pieces; the other stages' tensors listed empty
+            from .sharded_stages import model_slices
+            return model_slices(model, engine, self.state.parallel_layout)
         from ..sharding.checkpoint import engine_model_slices
         slices = engine_model_slices(engine, self.state.process_index, self.state.num_processes)
         if self.state.parallel_layout.tp > 1:  # pieces of the TP blocks, as ranges of the logical tensors
@@ -327,6 +343,9 @@ class ShardedDataParallel(BucketedDataParallel):
             return super().optimizer_layout(optimizer, model)
         from ..sharding.checkpoint import engine_optimizer_layout
         sp = self.sharded[self.engines.index(engine)]
+        if self.state.parallel_layout.pp > 1:
+            from .sharded_stages import optimizer_layout
+            return optimizer_layout(model, engine, sp, optimizer, self.state.parallel_layout)
         slots = engine_optimizer_layout(engine, sp, optimizer, self.state.process_index, self.state.num_processes)
         if self.state.parallel_layout.tp > 1:
             from ..tensor_parallel.logical import logical_slots, specs_by_name
@@ -370,6 +389,9 @@ class ShardedDataParallel(BucketedDataParallel):
             e.remove()
         for s in self._replicated:
             s.remove()
+        for h in self._stage_hooks:
+            h.remove()
+        self._stage_hooks = []
         self.engines, self.sharded, self._replicated = [], [], []
         self.comm = None
         super().close()
