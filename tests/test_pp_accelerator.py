@@ -51,7 +51,8 @@ def test_zero_over_pipeline_stages_and_its_checkpoint(run, tmp_path):
     """dp_shard=2 x pp=2 on 4 processes, one launch (tests/scripts/pp_zero.py): FSDP FULL_SHARD over stages refused
     naming what works; DeepSpeed ZeRO-1 (its gradient_clipping over every stage; fp16 overflow on one rank skips the
     step everywhere) and FSDP SHARD_GRAD_OP (ZeRO-2, ZB-H1, accumulation, tied embeddings, one unit per layer) against
-    the one-process loop; the ZeRO-1 checkpoint loads bitwise on one process and under pp=2."""
+    the one-process loop; the ZeRO-2 checkpoint (the tied weight stored once) loads bitwise on one process and under
+    pp=2 (DDP over the stages)."""
     ck, full = tmp_path / "ck", tmp_path / "full.safetensors"
     run("pp_zero.py", ["--out", str(tmp_path), "--save", str(ck)], nproc=4, launcher="accelerate_c", timeout=600)
     failures = []
@@ -63,6 +64,6 @@ def test_zero_over_pipeline_stages_and_its_checkpoint(run, tmp_path):
     assert not failures, "\n".join(failures)
     for mode, n in [("single", 1), ("pp", 2)]:
         run("tp_load.py", ["--mode", mode, "--ckpt", str(ck), "--full", str(full), "--out", str(tmp_path),
-                           "--layers", "4"], nproc=n, launcher="accelerate_c", timeout=600)
+                           "--layers", "4", "--tied"], nproc=n, launcher="accelerate_c", timeout=600)
         got = [json.load(open(os.path.join(tmp_path, f"load_rank{r}.json"))) for r in range(n)]
         assert got == ["ok"] * n, f"{mode}:\n" + "\n".join(g for g in got if g != "ok")

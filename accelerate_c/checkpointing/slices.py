@@ -22,7 +22,10 @@ class TensorSlice:
     """Elements [start, start + data.numel()) of the logical tensor `name` of shape `shape`, held by this rank.
     `data` is a 1-D view of the rank's own memory: the writer reads it, the loader copies into it.
     `owner`: True when this rank is the one that writes this slice (a tensor every rank holds whole, such as a
-    replicated buffer, is written once; the strategy chooses the owner so ranks share the writing)."""
+    replicated buffer, is written once; the strategy chooses the owner so ranks share the writing).
+    `alias`: another name of the same logical tensor (a weight tied to it, held apart, e.g. on another pipeline
+    stage): the slice is stored as, and loaded from, that tensor (None: the memory tells, as for tied names held in
+    one module)."""
 
     name: str
     shape: tuple[int, ...]
@@ -30,6 +33,7 @@ class TensorSlice:
     start: int
     data: torch.Tensor
     owner: bool = True
+    alias: Optional[str] = None
 
     @property
     def numel(self) -> int:

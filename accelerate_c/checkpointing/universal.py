@@ -58,6 +58,9 @@ def model_rank_part(slices: list[TensorSlice]) -> tuple[list, dict, dict]:
         if s.data.dim() != 1:
             raise ValueError(f"model slice {s.name!r}: data must be 1-D, got shape {list(s.data.shape)}")
         logical[s.name] = [list(s.shape), dtype_name(s.dtype)]
+        if s.alias is not None and s.alias != s.name:
+            aliases[s.name] = s.alias
+            continue
         key = _alias_key(s)
         if key is not None and key in seen and seen[key] != s.name:
             aliases[s.name] = seen[key]

@@ -48,6 +48,21 @@ def _writes(engine: Any, layout: Any, name: str, tp_block: bool) -> bool:
             and (tp_block or layout.tp_rank == 0))
 
 
+def stored_name(engine: Any, name: str) -> str:
+    """The name a logical tensor is checkpointed under: for a weight tied across stages, its group's first name held
+    by the writing rank (checkpoint_owner), the name one process stores it under; `name` otherwise."""
+    for names in engine.tied:
+        if name in names:
+            owner = engine.checkpoint_owner(name)
+            return next(n for n in names if owner in {s % engine.p for s in engine.stage_of(n)})
+    return name
+
+
+def _alias(engine: Any, name: str) -> Optional[str]:
+    stored = stored_name(engine, name)
+    return stored if stored != name else None
+
+
 def model_slices(engine: Any, layout: Any) -> list[TensorSlice]:
     """This rank's stage as slices of the logical model, every other logical tensor as an empty slice."""
     module = engine.module
@@ -66,7 +81,8 @@ def model_slices(engine: Any, layout: Any) -> list[TensorSlice]:
         mine = _writes(engine, layout, k, False) and id(t) not in written  # tied names: the memory written once
         if mine:
             written.add(id(t))
-        out.append(TensorSlice(k, tuple(t.shape), t.dtype, 0, t.detach().reshape(-1), owner=mine))
+        out.append(TensorSlice(k, tuple(t.shape), t.dtype, 0, t.detach().reshape(-1), owner=mine,
+                               alias=_alias(engine, k)))
     for k, (shape, dtype) in engine.full_state.items():
         if k not in held:
             out.append(TensorSlice(k, shape, dtype, 0, torch.empty(0, dtype=dtype), owner=False))
@@ -90,7 +106,7 @@ def optimizer_layout(engine: Any, layout: Any, optimizer: torch.optim.Optimizer)
     out = []
     for s in slots:
         block = getattr(params[s.index], "_tp_slice", None) is not None
-        out.append(ParamSlot(s.index, s.name, s.shape, s.start, s.numel, s.local_shape,
+        out.append(ParamSlot(s.index, stored_name(engine, s.name), s.shape, s.start, s.numel, s.local_shape,
                              owner=_writes(engine, layout, s.name, block), segments=s.segments))
     return out
 
@@ -100,9 +116,14 @@ def on_stage(engine: Any, layout: Any, items: list) -> list:
     ranks by another engine, e.g. the sharded one) as a layout of the logical model: a tensor is written only by the
     pipeline rank that owns it (checkpoint_owner: a tied weight's first holder), and for TensorSlices every logical
     tensor of the other stages is listed as an empty slice."""
-    out = [dataclasses.replace(s, owner=s.owner and engine.checkpoint_owner(s.name) == layout.pp_rank)
-           for s in items]
-    if items and isinstance(items[0], TensorSlice):
+    slices = bool(items) and isinstance(items[0], TensorSlice)
+    out = []
+    for s in items:
+        owner = s.owner and engine.checkpoint_owner(s.name) == layout.pp_rank
+        # a weight tied across stages is stored under one name: a TensorSlice aliases it, a ParamSlot is renamed
+        out.append(dataclasses.replace(s, owner=owner, alias=_alias(engine, s.name)) if slices else
+                   dataclasses.replace(s, owner=owner, name=stored_name(engine, s.name)))
+    if slices:
         held = {s.name for s in items}
         out += [TensorSlice(k, shape, dtype, 0, torch.empty(0, dtype=dtype), owner=False)
                 for k, (shape, dtype) in engine.full_state.items() if k not in held]

@@ -2,11 +2,10 @@
 # tests/test_pp_accelerator.py), the user's loop unchanged from DDP, against the one-process loop every rank also runs
 # itself on the same global batches. Phases, in order, in one launch (the state reset between them):
 #   refused  FSDP FULL_SHARD over stages: the NotImplementedError naming it and what works instead
-#   zero1    DeepSpeedPlugin zero_stage=1, gradient_clipping=0.5 (DeepSpeed's clipping over every stage), 1F1B;
-#            save_state to --save with the logical weights and Adam moments as <out>/full.safetensors (rank 0) for
-#            tests/scripts/tp_load.py
+#   zero1    DeepSpeedPlugin zero_stage=1, gradient_clipping=0.5 (DeepSpeed's clipping over every stage), 1F1B
 #   zero2    FSDP SHARD_GRAD_OP, transformer_based_wrap (one unit per decoder layer), ZB-H1, gradient accumulation 2,
-#            tied embeddings (a weight on both stages), accelerator.clip_grad_norm_(0.5)
+#            tied embeddings (a weight on both stages), accelerator.clip_grad_norm_(0.5); save_state to --save with
+#            the logical weights and Adam moments as <out>/full.safetensors (rank 0) for tests/scripts/tp_load.py
 # Checks in <out>/rank<r>.json, per phase ("ok" or the traceback): losses (1e-5 relative) and final weights
 # (get_state_dict: the logical model), the optimizer holding 1-D shard pieces of this stage only, covering the stage
 # once over the data-parallel ranks, pipeline_parallel_rank, fp16 overflow on one rank skipping the step everywhere.
@@ -198,7 +197,7 @@ def main():
     acc = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds),
                       parallelism_config=ParallelismConfig(dp_shard_size=2, pp_size=2, pp_num_micro_batches=2))
     assert acc.strategy.name == "sharded" and acc.strategy.stage == 1, (acc.strategy.name, acc.strategy.stage)
-    model, opt, full = train("zero1", acc, tied=False, clip=False, save=args.save, out_dir=args.out)
+    model, opt, full = train("zero1", acc, tied=False, clip=False)
     fp16_skip("zero1", acc, model, opt, full)
     reset(acc, model)
     fsdp = FullyShardedDataParallelPlugin(sharding_strategy="SHARD_GRAD_OP", auto_wrap_policy="transformer_based_wrap")
@@ -206,7 +205,7 @@ def main():
                       parallelism_config=ParallelismConfig(dp_shard_size=2, pp_size=2, pp_schedule="zb_h1",
                                                            pp_num_micro_batches=2))
     assert acc.strategy.name == "sharded" and acc.strategy.stage == 2, (acc.strategy.name, acc.strategy.stage)
-    train("zero2", acc, tied=True, clip=True)
+    train("zero2", acc, tied=True, clip=True, save=args.save, out_dir=args.out)
     units = [u.name for u in acc.strategy.engines[0].units]
     record("zero2", "units", lambda: None if len(units) == 3 else (_ for _ in ()).throw(AssertionError(units)))
     with open(os.path.join(args.out, f"rank{acc.process_index}.json"), "w") as f:
