@@ -9,9 +9,9 @@
 # broadcast_buffers rule (the same wrapper). HYBRID_SHARD across hosts shards over a host's ranks and averages each
 # shard gradient across hosts (sharding/comm.py hybrid_shard_comm); a ParallelismConfig with dp_replicate_size and
 # dp_shard_size > 1 under FSDP is HF's HSDP over the layout's groups (layout_shard_comm). A model on the meta device
-# (on any rank) is built shard by shard from rank 0's values at prepare (sharding/construct.py).
-# Not for: the engine's buffers and hooks (sharding/), the plugins (base/fsdp_plugin.py, deepspeed/plugin.py) or
-# checkpoint files.
+# (on any rank) is built shard by shard from rank 0's values at prepare (sharding/construct.py). Stages 1/2 over
+# pipeline stages (pp_size > 1): sharded_stages.py. Not for: the engine's buffers and hooks (sharding/), the plugins
+# (base/fsdp_plugin.py, deepspeed/plugin.py) or checkpoint files.
 from __future__ import annotations
 
 import contextlib
