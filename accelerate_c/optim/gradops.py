@@ -89,14 +89,14 @@ def _norm_impl(grads: Sequence[torch.Tensor], norm_type: float) -> torch.Tensor:
     device = grads[0].device if len(grads) else torch.device("cpu")
     supported = norm_type in (1.0, 2.0) or (math.isinf(norm_type) and norm_type > 0)
     ours, rest = _split(grads) if supported else ([], list(grads))
-    parts = [_C.multi_norm(ours, float(norm_type), torch.get_num_threads())] if ours else []
-    if rest:
-        per = torch.stack([torch.linalg.vector_norm(g, norm_type, dtype=torch.float64).to(device) for g in rest])
-        if supported:
-            parts.append(float(torch.linalg.vector_norm(per, norm_type)))
-        else:
-            return torch.linalg.vector_norm(per, norm_type).to(torch.float32)
-    return torch.tensor(_combine(norm_type, parts), dtype=torch.float32, device=device)
+    part = _C.multi_norm(ours, float(norm_type), torch.get_num_threads()) if ours else None
+    if not rest:
+        return torch.tensor(_combine(norm_type, [] if part is None else [part]), dtype=torch.float32, device=device)
+    # device tensors: torch's norms in fp64, kept on the device (no host sync: clipping reads the result there)
+    per = torch.stack([torch.linalg.vector_norm(g, norm_type, dtype=torch.float64).to(device) for g in rest])
+    if part is not None:
+        per = torch.cat([per, torch.tensor([part], dtype=torch.float64).to(device)])
+    return torch.linalg.vector_norm(per, norm_type).to(torch.float32)
 
 
 @torch.library.custom_op("accelerate_c::global_norm", mutates_args=())
@@ -158,6 +158,6 @@ def clip_grad_norm_(grads: Sequence[torch.Tensor], max_norm: float, norm_type: f
     if error_if_nonfinite and not bool(torch.isfinite(total)):
         raise RuntimeError(f"The total norm of order {norm_type} for gradients is non-finite, so it cannot be clipped.")
     coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-    if float(coef) != 1.0:
+    if total.device.type != "cpu" or float(coef) != 1.0:  # on a device: no host read, the scaling always runs
         scale_(grads, coef)
     return total
