@@ -176,6 +176,9 @@ TABLE: tuple[Setting, ...] = (
        "split step off)", "ddp/config.py (StrategyConfig.fused_optimizer)"),
     _S("SHARD_KERNELS", "bool", True, "the sharded engine's C copy-in and fused compute-copy write (0: torch "
        "copies and a separate cast after the step)", "sharding/pack.py (kernels_enabled, at every call)"),
+    _S("CUDA_KERNELS", "bool", True, "CUDA tensors take accelerate_c._C_cuda's kernels (fused optimizers, casts, "
+       "gradient passes, the sharded engine's copies) where the extension was built and torch sees a GPU (0: "
+       "torch's own kernels, the baseline of benchmarks/gpu_check.py)", "optim/cuda.py (kernels, at every call)"),
     _S("SHARD_STAGING_MB", "float", 8.0, "MiB of each of the sharded engine's two gradient staging windows (a "
        "unit larger than one is reduce-scattered in pieces)", "sharding/config.py (ShardedConfig.staging_mb)",
        low=1 / 1024, high=1 << 20),
