@@ -52,7 +52,7 @@ def _cuda_build():
 
 
 cuda_build = _cuda_build()
-NVCC = cuda_build.find_nvcc()
+NVCC = cuda_build.find_nvcc() if settings.get("CUDA_BUILD") else None  # ACCELERATE_C_CUDA_BUILD=0: CPU only
 
 # the CPU extension: every C file but the CUDA module's binding (csrc/bind_cuda*.c) and csrc/cuda/
 sources = sorted(f for f in glob.glob("csrc/*.c") + glob.glob("csrc/*/*.c")

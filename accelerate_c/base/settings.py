@@ -224,6 +224,8 @@ TABLE: tuple[Setting, ...] = (
     # ---- read by the build ----------------------------------------------------------------------------------------
     _S("DEBUG", "bool", False, "build the C extension with -O0 -g", "setup.py", "build"),
     _S("SANITIZE", "bool", False, "build the C extension with ASan/UBSan", "setup.py", "build"),
+    _S("CUDA_BUILD", "bool", True, "build the CUDA extension accelerate_c._C_cuda where nvcc is found (0: never, "
+       "the CPU-only build even on a machine with the CUDA toolkit)", "setup.py (csrc/cuda/build.py)", "build"),
     # ---- test hooks ---------------------------------------------------------------------------------------------
     _S("KILL_AT", "str", None, "`<point>[@<rank>][:launcher]`: the process reaching the named point of start-up or "
        "save (and of that RANK) SIGKILLs itself (or the launcher); the points: base/killpoints.py",
