@@ -22,9 +22,9 @@
  * value gets the same bits as here (round to nearest even either way). Unverified on a GPU so far.
  *
  * The scalar functions are ACC_HD (acc.h): nvcc compiles them for the device as well, from this one text. */
-#define ACC_CUDA_NAN16 ((uint16_t)0x7fff)
 #ifndef ACC_FPCONV_H
 #define ACC_FPCONV_H
+#define ACC_CUDA_NAN16 ((uint16_t)0x7fff)
 
 #include <stdint.h>
 #include <string.h>

@@ -332,3 +332,12 @@ def test_emulated_multi_copy_equals_pack():
         CU.emulate_multi_copy([out[o:o + s.numel()] for o, s in zip(offsets, srcs)], back, None)
         for o, s, b in zip(offsets, srcs, back):
             _same(b, out[o:o + s.numel()].to(s.dtype), "copy-out")
+
+
+def test_gpu_check_without_a_gpu_says_so_and_exits_0():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the script would run for minutes")
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_check.py"), "--quick"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("no CUDA device"), out.stdout

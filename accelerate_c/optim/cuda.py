@@ -14,6 +14,7 @@ import torch
 from ..base import settings
 
 _MOD: Any = None
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _LOADED = False
 
 
@@ -63,6 +64,13 @@ def serves(tensors: Sequence[Optional[torch.Tensor]]) -> Any:
             return None
         dev = t.device
     return kernels() if dev is not None else None
+
+
+def serves_floats(tensors: Sequence[Optional[torch.Tensor]]) -> Any:
+    """serves(), with every tensor float32, bfloat16 or float16 (the gradient passes' and copies' dtypes)."""
+    if any(t is not None and t.dtype not in _FLOATS for t in tensors):
+        return None
+    return serves(tensors)
 
 
 # ---- entry points mirroring the CPU ones (same arguments, a stream for the thread count) ---------------------------
