@@ -2,7 +2,8 @@
 # accelerate_c and the plain loop never share a process, and the two-process runs go through our launcher): one model
 # (the demo GPT of examples/train_gpt.py, or a transformers Llama from a config), synthetic token batches fixed by the
 # seed, torch.optim.AdamW(fused=True) as the user's optimizer, and per-step losses plus the mean step time written as
-# JSON. Also runnable on the CPU (--device cpu) so the script's plumbing is checked where there is no GPU.
+# JSON. Also runnable on the CPU (--device cpu) so the script's plumbing is checked where there is no GPU. training()
+# is gpu_check.py's section that starts these runs and compares them.
 # Not for: kernel checks (gpu_check.py) or anything the library itself needs.
 #
 #   python benchmarks/_gpu_train.py --lib {torch,ours,hf} --model {gpt,llama} --precision {bf16,fp8,no} --steps N
@@ -14,8 +15,10 @@ import contextlib
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import time
+from typing import Callable
 
 import torch
 
@@ -98,6 +101,60 @@ def run(args: argparse.Namespace) -> dict:
     return {"lib": args.lib, "model": args.model, "precision": args.precision, "strategy": args.strategy,
             "world": world, "rank": rank, "losses": torch.cat(losses).tolist(), "step_s": step_s,
             "max_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else 0.0}
+
+
+# ---- training ------------------------------------------------------------------------------------------------------
+
+def _worker(args: list[str], out: str, timeout: float, launch: int = 0) -> list[dict]:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    script = os.path.abspath(__file__)
+    cmd = ([sys.executable, "-m", "accelerate_c", "launch", "--num_processes", str(launch), script] if launch
+           else [sys.executable, script]) + args + ["--out", out]
+    p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(args)} failed ({p.returncode}): {(p.stdout + p.stderr)[-1500:]}")
+    files = [f"{out}.{r}.json" for r in range(launch)] if launch else [out]
+    return [json.load(open(f)) for f in files]
+
+
+def training(quick: bool, tmp: str, say: Callable[[str], None], check: Callable[[str, bool, str], None]) -> None:
+    """gpu_check.py's training section: every run in its own process, the figures through say / check."""
+    steps = 20 if quick else 40
+    for model in ("gpt", "llama"):
+        recs = {}
+        for lib in ("torch", "ours", "hf"):
+            recs[lib] = _worker(["--lib", lib, "--model", model, "--steps", str(steps)],
+                                os.path.join(tmp, f"{model}_{lib}.json"), 300)[0]
+        base = recs["torch"]
+        for lib in ("ours", "hf"):
+            r = recs[lib]
+            d = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], base["losses"]))
+            say(f"  {model} bf16, {lib}: step {r['step_s'] * 1e3:.1f} ms vs plain autocast loop "
+                f"{base['step_s'] * 1e3:.1f} ms ({r['step_s'] / base['step_s']:.3f}x; target ours <= 1.02x), "
+                f"max rel loss diff {d:.1e}, peak {r['max_mem_gib']:.2f} GiB")
+            if lib == "ours":
+                check(f"{model} bf16 losses vs the plain loop", d <= 2e-2,
+                      f"max rel diff {d:.1e} (bf16 tolerance 2e-2)")
+        say(f"  {model}: ours / HF Accelerate step time {recs['ours']['step_s'] / recs['hf']['step_s']:.3f}x "
+            "(target <= 1.0x)")
+    n8 = 60 if quick else 200
+    bf, f8 = (_worker(["--lib", "ours", "--model", "gpt", "--precision", p, "--steps", str(n8)],
+                      os.path.join(tmp, f"fp8_{p}.json"), 300)[0] for p in ("bf16", "fp8"))
+    lb, l8 = (sum(r["losses"][-10:]) / 10 for r in (bf, f8))
+    check(f"fp8 vs bf16 after {n8} steps (demo GPT)", abs(l8 - lb) <= 0.01 * lb,
+          f"mean of the last 10 losses {l8:.4f} vs {lb:.4f} ({abs(l8 - lb) / lb:.2%}; target 1%), step "
+          f"{f8['step_s'] * 1e3:.1f} vs {bf['step_s'] * 1e3:.1f} ms")
+    one = _worker(["--lib", "ours", "--model", "gpt", "--steps", "10", "--precision", "no"],
+                  os.path.join(tmp, "one.json"), 300)[0]
+    for strategy in ("ddp", "zero3"):
+        try:
+            two = _worker(["--lib", "ours", "--model", "gpt", "--steps", "10", "--precision", "no", "--strategy",
+                           strategy], os.path.join(tmp, f"two_{strategy}"), 300, launch=2)
+            d = max(abs(a - b) / abs(b) for a, b in zip(two[0]["losses"], one["losses"]))
+            check(f"two processes on one GPU (gloo, CUDA tensors), {strategy} vs one process", d <= 1e-4,
+                  f"max rel loss diff {d:.1e} over 10 steps, step {two[0]['step_s'] * 1e3:.1f} ms")
+        except Exception as e:
+            check(f"two processes on one GPU (gloo, CUDA tensors), {strategy}", False, str(e)[-600:])
 
 
 def main() -> None:
