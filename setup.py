@@ -1,4 +1,5 @@
-# setup.py: builds the one C extension, accelerate_c._C, from csrc/**/*.c.
+# setup.py: builds the C extension, accelerate_c._C, from csrc/**/*.c, and where nvcc is found the CUDA one,
+# accelerate_c._C_cuda (csrc/cuda/*.cu and csrc/bind_cuda*.c; csrc/cuda/build.py says how).
 # Not for: anything torch-related. The build needs only a C11 compiler and the CPython headers;
 # torch is found at run time (DLPack), so the same build works with any torch >= 2.4.
 #
@@ -15,6 +16,7 @@ import os
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 try:
@@ -39,7 +41,22 @@ def _settings():
 
 settings = _settings()
 
-sources = sorted(glob.glob("csrc/*.c") + glob.glob("csrc/*/*.c"))
+
+def _cuda_build():
+    """csrc/cuda/build.py (the CUDA extension's build, shared with the tests and benchmarks/gpu_check.py)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "cuda", "build.py")
+    spec = importlib.util.spec_from_file_location("_accelerate_c_cuda_build", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+cuda_build = _cuda_build()
+NVCC = cuda_build.find_nvcc() if settings.get("CUDA_BUILD") else None  # ACCELERATE_C_CUDA_BUILD=0: CPU only
+
+# the CPU extension: every C file but the CUDA module's binding (csrc/bind_cuda*.c) and csrc/cuda/
+sources = sorted(f for f in glob.glob("csrc/*.c") + glob.glob("csrc/*/*.c")
+                 if not os.path.basename(f).startswith("bind_cuda") and not f.startswith(os.path.join("csrc", "cuda")))
 extra_compile_args = ["-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter",
                       "-Wno-missing-field-initializers", "-fno-strict-aliasing", "-pthread"]
 extra_link_args = ["-pthread"]
@@ -63,6 +80,22 @@ ext = Extension(
     libraries=["dl", "rt", "m"],
     py_limited_api=True,
 )
+
+# accelerate_c._C_cuda: CUDA C kernels, built only where nvcc is found (csrc/cuda/build.py); without it the package is
+# complete and CUDA tensors take torch's kernels.
+extensions = [ext]
+if NVCC:
+    extensions.append(cuda_build.extension(LIMITED_API, extra_compile_args))
+
+
+class BuildExt(build_ext):
+    """build_ext, with nvcc run for _C_cuda before its link."""
+
+    def build_extension(self, ext: Extension) -> None:
+        if ext.name == cuda_build.NAME:
+            cuda_build.build_extension(self, ext, NVCC)
+        super().build_extension(ext)
+
 
 PTH = "accelerate_c_as_accelerate.pth"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -100,7 +133,7 @@ class _WithPth:
             wheel.writestr(PTH, fh.read())
 
 
-commands = {"build_py": BuildPy}
+commands = {"build_py": BuildPy, "build_ext": BuildExt}
 if editable_wheel is not None and hasattr(editable_wheel, "_select_strategy"):
     class EditableWheel(editable_wheel):
         def _select_strategy(self, *args: object, **kwargs: object) -> _WithPth:
@@ -108,4 +141,4 @@ if editable_wheel is not None and hasattr(editable_wheel, "_select_strategy"):
 
     commands["editable_wheel"] = EditableWheel
 
-setup(ext_modules=[ext], cmdclass=commands, options={"bdist_wheel": {"py_limited_api": "cp310"}})
+setup(ext_modules=extensions, cmdclass=commands, options={"bdist_wheel": {"py_limited_api": "cp310"}})

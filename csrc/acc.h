@@ -8,6 +8,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* ACC_HD marks the scalar definitions (fpconv.h, qmap.h, optim_util.h, adam_math.h, sgd.h) that the CUDA kernels
+ * (csrc/cuda/, compiled by nvcc) use on the device too: one definition of every conversion and update, two
+ * compilers. Under gcc it is empty. */
+#ifdef __CUDACC__
+#define ACC_HD __host__ __device__
+#else
+#define ACC_HD
+#endif
+
+/* nvcc compiles .cu files as C++: the C functions these headers declare keep C linkage there. */
+#ifdef __cplusplus
+#define ACC_EXTERN_C_BEGIN extern "C" {
+#define ACC_EXTERN_C_END }
+#else
+#define ACC_EXTERN_C_BEGIN
+#define ACC_EXTERN_C_END
+#endif
+
 typedef enum {
     ACC_OK = 0,
     ACC_ERR_ARG = 1,        /* bad argument: maps to ValueError */
@@ -36,7 +54,7 @@ typedef enum {
     ACC_NDTYPES
 } acc_dtype;
 
-static inline size_t acc_dtype_size(acc_dtype t) {
+static inline ACC_HD size_t acc_dtype_size(acc_dtype t) {
     switch (t) {
     case ACC_F64: case ACC_I64: return 8;
     case ACC_F32: case ACC_I32: return 4;
@@ -45,12 +63,14 @@ static inline size_t acc_dtype_size(acc_dtype t) {
     }
 }
 
+ACC_EXTERN_C_BEGIN
 const char *acc_dtype_name(acc_dtype t);
 
 /* Error detail for the last failing call on this thread (the binding layer appends it to the
  * exception message). Compute code sets it with acc_set_error(). */
 void acc_set_error(const char *fmt, ...);
 const char *acc_last_error(void);
+ACC_EXTERN_C_END
 
 #define ACC_ALIGN 64
 

@@ -3,6 +3,7 @@
  * Not for: compute code (ops/cast.c, ops/gradops.c) or allocation: accelerate_c/ops.py allocates
  * every output and passes it in, and falls back to torch for tensors these functions do not take
  * (non-CPU, non-contiguous, other dtypes). */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "bind_util.h"
@@ -77,7 +78,9 @@ static acc_buf *borrow_list(PyObject *m, PyObject *seq, size_t *n, PyObject **ho
     }
     for (Py_ssize_t i = 0; i < cnt; i++) {
         acc_tensor t;
-        if (acc_tensor_borrow_cpu(m, PyTuple_GetItem(tup, i), &t, what, -1) < 0) {
+        char name[96];
+        snprintf(name, sizeof name, "%s[%zd]", what, i);
+        if (acc_tensor_borrow_cpu(m, PyTuple_GetItem(tup, i), &t, name, -1) < 0) {
             PyMem_Free(bufs);
             Py_DECREF(tup);
             return NULL;
@@ -108,7 +111,7 @@ static PyObject *ops_multi_scale(PyObject *m, PyObject *const *args, Py_ssize_t 
     if (get_threads(args[3], &nthreads) < 0) return NULL;
     size_t n;
     PyObject *hold;
-    acc_buf *bufs = borrow_list(m, args[0], &n, &hold, "multi_scale_: tensor");
+    acc_buf *bufs = borrow_list(m, args[0], &n, &hold, "multi_scale_: tensors");
     if (!bufs) return NULL;
     acc_status st;
     Py_BEGIN_ALLOW_THREADS
@@ -129,7 +132,7 @@ static PyObject *ops_multi_norm(PyObject *m, PyObject *const *args, Py_ssize_t n
     if (get_threads(args[2], &nthreads) < 0) return NULL;
     size_t n;
     PyObject *hold;
-    acc_buf *bufs = borrow_list(m, args[0], &n, &hold, "multi_norm: tensor");
+    acc_buf *bufs = borrow_list(m, args[0], &n, &hold, "multi_norm: tensors");
     if (!bufs) return NULL;
     double out = 0;
     acc_status st;
@@ -180,7 +183,9 @@ static PyObject *ops_pack(PyObject *m, PyObject *const *args, Py_ssize_t nargs) 
             goto done;
         }
         acc_tensor t;
-        if (acc_tensor_borrow_cpu(m, s, &t, "pack: source", -1) < 0) goto done;
+        char name[64];
+        snprintf(name, sizeof name, "pack: srcs[%zd]", i);
+        if (acc_tensor_borrow_cpu(m, s, &t, name, -1) < 0) goto done;
         pieces[np++] = (acc_pack_piece){t.data, t.dtype, (size_t)off, (size_t)t.numel};
     }
     acc_status st;

@@ -8,7 +8,11 @@
 
 typedef struct { uint32_t major, minor; } acc_DLPackVersion;
 
-enum { acc_kDLCPU = 1, acc_kDLCUDA = 2 };
+enum {
+    acc_kDLCPU = 1, acc_kDLCUDA = 2, acc_kDLCUDAHost = 3, acc_kDLOpenCL = 4, acc_kDLVulkan = 7, acc_kDLMetal = 8,
+    acc_kDLVPI = 9, acc_kDLROCM = 10, acc_kDLROCMHost = 11, acc_kDLExtDev = 12, acc_kDLCUDAManaged = 13,
+    acc_kDLOneAPI = 14, acc_kDLWebGPU = 15, acc_kDLHexagon = 16, acc_kDLMAIA = 17
+};
 enum {
     acc_kDLInt = 0, acc_kDLUInt = 1, acc_kDLFloat = 2, acc_kDLBfloat = 4, acc_kDLBool = 6,
     acc_kDLFloat8_e4m3fn = 10, acc_kDLFloat8_e5m2 = 12,

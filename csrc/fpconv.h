@@ -16,21 +16,40 @@
  *   fp16 -> fp32 : sign | 0x7FC00000 | mantissa << 13 (vcvtph2ps: quiet bit set).
  *   bf16 -> fp32 : plain shift (signalling NaNs stay signalling).
  *   fp32 -> fp8  : sign | 0x7F for both formats; finite overflow saturates to +-max (448 / 57344),
- *                  as torch's clamp(-max, max) before .to() does; +-inf also saturates. */
+ *                  as torch's clamp(-max, max) before .to() does; +-inf also saturates.
+ * On a CUDA device torch converts with the hardware's cvt instructions, whose NaN is canonical: fp32 -> bf16
+ * 0x7FFF and fp32 -> fp16 0x7FFF (ACC_CUDA_NAN16); the CUDA casts (csrc/cuda/) pass that pattern, every finite
+ * value gets the same bits as here (round to nearest even either way). Unverified on a GPU so far.
+ *
+ * The scalar functions are ACC_HD (acc.h): nvcc compiles them for the device as well, from this one text. */
 #ifndef ACC_FPCONV_H
 #define ACC_FPCONV_H
+#define ACC_CUDA_NAN16 ((uint16_t)0x7fff)
 
 #include <stdint.h>
 #include <string.h>
 
+#include "acc.h"
+#ifdef __CUDACC__
+/* nvcc (csrc/cuda/): the scalar definitions only, for host and device (ACC_HD); no CPU vector code */
+#ifndef ACC_AI
+#define ACC_AI __attribute__((always_inline))
+#endif
+#else
 #include "simd.h"
+#endif
 
-static inline uint32_t acc_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline float acc_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+#ifdef __CUDA_ARCH__
+static inline ACC_HD uint32_t acc_f2u(float f) { return __float_as_uint(f); }
+static inline ACC_HD float acc_u2f(uint32_t u) { return __uint_as_float(u); }
+#else
+static inline ACC_HD uint32_t acc_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline ACC_HD float acc_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+#endif
 
-static inline ACC_AI float acc_bf16_to_f32(uint16_t h) { return acc_u2f((uint32_t)h << 16); }
+static inline ACC_AI ACC_HD float acc_bf16_to_f32(uint16_t h) { return acc_u2f((uint32_t)h << 16); }
 
-static inline float acc_f16_to_f32(uint16_t h) {
+static inline ACC_HD float acc_f16_to_f32(uint16_t h) {
     uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
     if (e == 0x1f) return acc_u2f(s | 0x7f800000u | (m ? 0x400000u | (m << 13) : 0));
     if (e == 0) { /* zero or subnormal: m * 2^-24, exact in fp32 */
@@ -43,7 +62,7 @@ static inline float acc_f16_to_f32(uint16_t h) {
 /* |x| (bits a, sign cleared, finite, below the target's smallest normal) rounded to nearest-even in
  * units of 2^-k, where k = bias - 1 + mantissa_bits of the target (fp16: 24, e4m3: 9, e5m2: 16). The
  * result may equal 2^mantissa_bits, which is the encoding of the smallest normal: no special case. */
-static inline uint32_t acc_rne_subnormal(uint32_t a, int k) {
+static inline ACC_HD uint32_t acc_rne_subnormal(uint32_t a, int k) {
     uint32_t e = a >> 23;
     if (e == 0) return 0; /* fp32 subnormal: far below half the smallest target subnormal */
     int sh = 150 - k - (int)e; /* >= 13 for every caller */
@@ -53,7 +72,7 @@ static inline uint32_t acc_rne_subnormal(uint32_t a, int k) {
 }
 
 /* round to nearest even; every NaN -> nan. Branch-free, so loops over it vectorise. */
-static inline ACC_AI uint16_t acc_f32_to_bf16(float f, uint16_t nan) {
+static inline ACC_AI ACC_HD uint16_t acc_f32_to_bf16(float f, uint16_t nan) {
     uint32_t u = acc_f2u(f);
     uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : r);
@@ -61,7 +80,7 @@ static inline ACC_AI uint16_t acc_f32_to_bf16(float f, uint16_t nan) {
 
 /* The same rounding; a NaN keeps its sign and top 7 payload bits and gets the quiet bit ((bits >> 16) | 0x40):
  * the shm reduction's rule (a bf16 NaN that is widened, reduced and narrowed comes back as itself, quietened). */
-static inline ACC_AI uint16_t acc_f32_to_bf16_quiet(float f) {
+static inline ACC_AI ACC_HD uint16_t acc_f32_to_bf16_quiet(float f) {
     uint32_t u = acc_f2u(f);
     uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     uint32_t q = (u >> 16) | 0x40u;
@@ -72,13 +91,13 @@ static inline ACC_AI uint16_t acc_f32_to_bf16_quiet(float f) {
  * [0, 2^16)), so the result rounds up with probability (dropped bits) / 2^16 and E[result] = f. NaN -> 0x7FC0;
  * a finite value may round up to inf only from above the largest bf16 (as RNE would). The SIMD paths in
  * optim/lowbit_ops.inc do the same integer add and must give the same bits. */
-static inline uint16_t acc_f32_to_bf16_sr(float f, uint32_t rnd) {
+static inline ACC_HD uint16_t acc_f32_to_bf16_sr(float f, uint32_t rnd) {
     uint32_t u = acc_f2u(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
     return (uint16_t)((u + (rnd & 0xffffu)) >> 16);
 }
 
-static inline uint16_t acc_f32_to_f16(float f) {
+static inline ACC_HD uint16_t acc_f32_to_f16(float f) {
     uint32_t u = acc_f2u(f), s = (u >> 16) & 0x8000, a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return (uint16_t)(s | 0x7e00 | ((a >> 13) & 0x3ff));
     if (a >= 0x477ff000u) return (uint16_t)(s | 0x7c00); /* >= 65520 rounds to inf (ties to even) */
@@ -89,7 +108,7 @@ static inline uint16_t acc_f32_to_f16(float f) {
     return (uint16_t)(s | acc_rne_subnormal(a, 24));
 }
 
-#ifdef __FLT16_MAX__
+#if defined(__FLT16_MAX__) && !defined(__CUDACC__)
 /* fp16 as the compiler's _Float16 (vcvtph2ps / vcvtps2ph in AVX2 and AVX-512 functions, libgcc's soft-float
  * otherwise, which gcc vectorises over _Float16 arrays: shm/shm_reduce.c). The same bits as acc_f16_to_f32 /
  * acc_f32_to_f16 for every input (checked for all 65536 halves and 4e7 floats, NaN payloads included). */
@@ -99,7 +118,7 @@ static inline ACC_AI _Float16 acc_f32_to_f16n(float f) { return (_Float16)f; }
 
 /* Saturating fp32 -> float8. e4m3fn: bias 7, 3 mantissa bits, max 448 (0x7E), NaN 0x7F.
  * e5m2: bias 15, 2 mantissa bits, max 57344 (0x7B), NaN 0x7F (inf 0x7C is never produced). */
-static inline uint8_t acc_f32_to_e4m3(float f) {
+static inline ACC_HD uint8_t acc_f32_to_e4m3(float f) {
     uint32_t u = acc_f2u(f), s = (u >> 24) & 0x80, a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return (uint8_t)(s | 0x7f);
     if (a >= 0x43e00000u) return (uint8_t)(s | 0x7e);            /* >= 448 */
@@ -108,7 +127,7 @@ static inline uint8_t acc_f32_to_e4m3(float f) {
     return (uint8_t)(s | (a >> 20));
 }
 
-static inline uint8_t acc_f32_to_e5m2(float f) {
+static inline ACC_HD uint8_t acc_f32_to_e5m2(float f) {
     uint32_t u = acc_f2u(f), s = (u >> 24) & 0x80, a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return (uint8_t)(s | 0x7f);
     if (a >= 0x47600000u) return (uint8_t)(s | 0x7b);              /* >= 57344 */

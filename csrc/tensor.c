@@ -64,6 +64,60 @@ static int fill_from_dl(const acc_DLTensor *dl, acc_tensor *out, const char *wha
     return 0;
 }
 
+/* __dlpack__ refused obj (an exception is set). A tensor on a device DLPack has no code for (torch's "meta": "Cannot
+ * pack tensors on meta") becomes a ValueError naming the argument and the device; anything else keeps its error. */
+static void name_unexportable(PyObject *obj, const char *what) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *dev = PyObject_GetAttrString(obj, "device");
+    PyObject *kind = dev ? PyObject_GetAttrString(dev, "type") : NULL;
+    int cpu = kind ? PyUnicode_Check(kind) && PyUnicode_CompareWithASCIIString(kind, "cpu") == 0 : 1;
+    if (!kind) PyErr_Clear();
+    if (!cpu) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a CPU tensor, got one on %S (it has no memory a CPU kernel could "
+                     "read)", what, dev);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+    } else {
+        PyErr_Restore(type, value, tb);
+    }
+    Py_XDECREF(kind);
+    Py_XDECREF(dev);
+}
+
+const char *acc_dl_device_name(int device_type) {
+    switch (device_type) {
+    case acc_kDLCPU: return "cpu";
+    case acc_kDLCUDA: return "cuda";
+    case acc_kDLCUDAHost: return "cuda_host";
+    case acc_kDLCUDAManaged: return "cuda_managed";
+    case acc_kDLROCM: return "rocm";
+    case acc_kDLROCMHost: return "rocm_host";
+    case acc_kDLMetal: return "mps";
+    case acc_kDLOneAPI: return "xpu";
+    case acc_kDLOpenCL: return "opencl";
+    case acc_kDLVulkan: return "vulkan";
+    case acc_kDLVPI: return "vpi";
+    case acc_kDLExtDev: return "ext_dev";
+    case acc_kDLWebGPU: return "webgpu";
+    case acc_kDLHexagon: return "hexagon";
+    case acc_kDLMAIA: return "maia";
+    default: return NULL;
+    }
+}
+
+/* "expected a <want> tensor, got one on <device>:<id>" as a ValueError */
+static int wrong_device(const acc_tensor *t, const char *what, const char *want) {
+    const char *name = acc_dl_device_name(t->device_type);
+    if (name)
+        PyErr_Format(PyExc_ValueError, "%s: expected a %s tensor, got one on %s:%d", what, want, name, t->device_id);
+    else
+        PyErr_Format(PyExc_ValueError, "%s: expected a %s tensor, got one on DLPack device type %d (id %d)", what,
+                     want, t->device_type, t->device_id);
+    return -1;
+}
+
 static const acc_DLPackExchangeAPI *lookup_api(acc_module_state *st, PyObject *obj) {
     PyObject *tp = (PyObject *)Py_TYPE(obj);
     if (st->exchange_api && st->exchange_api_type == tp) return st->exchange_api;
@@ -107,6 +161,8 @@ int acc_tensor_borrow(PyObject *module, PyObject *obj, acc_tensor *out, const ch
         if (exc && PyErr_ExceptionMatches(PyExc_AttributeError)) {
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "%s: expected a tensor, got %R", what, (PyObject *)Py_TYPE(obj));
+        } else if (exc) {
+            name_unexportable(obj, what);
         }
         return -1;
     }
@@ -122,9 +178,25 @@ int acc_tensor_borrow(PyObject *module, PyObject *obj, acc_tensor *out, const ch
 
 int acc_tensor_borrow_cpu(PyObject *module, PyObject *obj, acc_tensor *out, const char *what, int want) {
     if (acc_tensor_borrow(module, obj, out, what) < 0) return -1;
-    if (out->device_type != acc_kDLCPU) {
-        PyErr_Format(PyExc_ValueError, "%s: expected a CPU tensor (DLPack device type %d)", what, out->device_type);
+    if (out->device_type != acc_kDLCPU) return wrong_device(out, what, "CPU");
+    if (!out->contiguous) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a contiguous tensor", what);
         return -1;
+    }
+    if (want >= 0 && (int)out->dtype != want) {
+        PyErr_Format(PyExc_TypeError, "%s: expected dtype %s, got %s", what, acc_dtype_name((acc_dtype)want),
+                     acc_dtype_name(out->dtype));
+        return -1;
+    }
+    return 0;
+}
+
+int acc_tensor_borrow_on(PyObject *module, PyObject *obj, acc_tensor *out, const char *what, int want,
+                         int device_type) {
+    if (acc_tensor_borrow(module, obj, out, what) < 0) return -1;
+    if (out->device_type != device_type) {
+        const char *name = acc_dl_device_name(device_type);
+        return wrong_device(out, what, name ? name : "device");
     }
     if (!out->contiguous) {
         PyErr_Format(PyExc_ValueError, "%s: expected a contiguous tensor", what);

@@ -24,7 +24,17 @@ typedef struct {
  * On failure sets a Python exception naming `what` and returns -1. */
 int acc_tensor_borrow(PyObject *module, PyObject *obj, acc_tensor *out, const char *what);
 
-/* Same, and also requires: contiguous, on the CPU, and (when want >= 0) dtype == want. */
+/* Same, and also requires: contiguous, on the CPU, and (when want >= 0) dtype == want. A tensor on another device
+ * is a ValueError naming `what` and the device ("cuda:0", "meta", ...), never a pointer handed to CPU code: this
+ * is the one gate every CPU kernel and shared-memory path is behind (bind_*.c borrow through it only). */
 int acc_tensor_borrow_cpu(PyObject *module, PyObject *obj, acc_tensor *out, const char *what, int want);
+
+/* The name of a DLPack device ("cuda", "rocm", "metal", ...; "device type N" for codes we do not name). */
+const char *acc_dl_device_name(int device_type);
+
+/* Same as acc_tensor_borrow, and also requires a tensor on `device_type` (a DLPack code) that is contiguous and,
+ * when want >= 0, of dtype `want`: the CUDA extension's gate (its kernels take device pointers only). */
+int acc_tensor_borrow_on(PyObject *module, PyObject *obj, acc_tensor *out, const char *what, int want,
+                         int device_type);
 
 #endif

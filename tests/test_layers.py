@@ -25,7 +25,7 @@ LAYERS = [
     ("precision", ["accelerate_c.precision"]),
     ("deepspeed", ["accelerate_c.deepspeed"]),
     ("runtime", ["accelerate_c.runtime"]),
-    ("comm/kernels/optim", ["accelerate_c.comm", "accelerate_c.optim", "accelerate_c._C"]),
+    ("comm/kernels/optim", ["accelerate_c.comm", "accelerate_c.optim", "accelerate_c._C", "accelerate_c._C_cuda"]),
     ("base", ["accelerate_c.base"]),
 ]
 # HF's import paths kept as faces (the module object of the real code): never imported from inside

@@ -176,6 +176,9 @@ TABLE: tuple[Setting, ...] = (
        "split step off)", "ddp/config.py (StrategyConfig.fused_optimizer)"),
     _S("SHARD_KERNELS", "bool", True, "the sharded engine's C copy-in and fused compute-copy write (0: torch "
        "copies and a separate cast after the step)", "sharding/pack.py (kernels_enabled, at every call)"),
+    _S("CUDA_KERNELS", "bool", True, "CUDA tensors take accelerate_c._C_cuda's kernels (fused optimizers, casts, "
+       "gradient passes, the sharded engine's copies) where the extension was built and torch sees a GPU (0: "
+       "torch's own kernels, the baseline of benchmarks/gpu_check.py)", "optim/cuda.py (kernels, at every call)"),
     _S("SHARD_STAGING_MB", "float", 8.0, "MiB of each of the sharded engine's two gradient staging windows (a "
        "unit larger than one is reduce-scattered in pieces)", "sharding/config.py (ShardedConfig.staging_mb)",
        low=1 / 1024, high=1 << 20),
@@ -221,6 +224,8 @@ TABLE: tuple[Setting, ...] = (
     # ---- read by the build ----------------------------------------------------------------------------------------
     _S("DEBUG", "bool", False, "build the C extension with -O0 -g", "setup.py", "build"),
     _S("SANITIZE", "bool", False, "build the C extension with ASan/UBSan", "setup.py", "build"),
+    _S("CUDA_BUILD", "bool", True, "build the CUDA extension accelerate_c._C_cuda where nvcc is found (0: never, "
+       "the CPU-only build even on a machine with the CUDA toolkit)", "setup.py (csrc/cuda/build.py)", "build"),
     # ---- test hooks ---------------------------------------------------------------------------------------------
     _S("KILL_AT", "str", None, "`<point>[@<rank>][:launcher]`: the process reaching the named point of start-up or "
        "save (and of that RANK) SIGKILLs itself (or the launcher); the points: base/killpoints.py",

@@ -14,7 +14,8 @@
 # host's ranks, or None); close().
 # `op` is "sum" | "avg" | "max" | "min" | "sum_div" (the sum, then divided by the group size as torch divides)
 # (or a dist.ReduceOp).
-# Non-CPU tensors always go to torch.distributed on `pg` (NCCL/gloo). ACCELERATE_C_COMM=torch forces the plain
+# Non-CPU tensors always go to torch.distributed on `pg` (NCCL/gloo; NCCL's native reduce-scatter and all-gather into
+# one flat tensor for CUDA tensors). ACCELERATE_C_COMM=torch forces the plain
 # torch path. `group_for_device` is the one place that chooses shared memory or the process group for a device, and
 # `p2p_for_device` the one place that chooses the point-to-point transport (comm/p2p.py) the same way.
 from __future__ import annotations
@@ -97,6 +98,7 @@ class TorchGroup:
         self.pg = pg
         self.rank = dist.get_rank(pg)
         self.size = dist.get_world_size(pg)
+        self._backend: Optional[str] = None  # the process group's, read at the first collective
 
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self.pg, r) if self.pg is not None else r
@@ -117,7 +119,18 @@ class TorchGroup:
         # avg: torch has no reduction that divides; the division runs in wait(), after the sum arrived
         return _SumThenDivide(work, tensor, self.size) if code in (1, 4) else work
 
+    def _nccl(self, t: torch.Tensor) -> bool:
+        """NCCL on a CUDA tensor: the native reduce-scatter / all-gather into one flat tensor are there."""
+        if not t.is_cuda:
+            return False
+        if self._backend is None:
+            self._backend = str(dist.get_backend(self.pg))
+        return self._backend == "nccl"
+
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> torch.Tensor:
+        if self._nccl(output) and output.is_contiguous() and input.is_contiguous():
+            self._native_reduce_scatter(output, input, op, False)
+            return output
         # gloo has no reduce_scatter on every torch version: all-reduce a copy and keep our slice
         tmp = input.detach().clone()
         self.all_reduce(tmp, op)
@@ -125,17 +138,36 @@ class TorchGroup:
         output.copy_(tmp.view(-1)[self.rank * n:(self.rank + 1) * n].view_as(output))
         return output
 
+    def _native_reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: Any, async_op: bool) -> Any:
+        code = _op_code(op)
+        work = dist.reduce_scatter_tensor(output.view(-1), input.reshape(-1), op=_TORCH_OPS[code], group=self.pg,
+                                          async_op=async_op)
+        if code in (1, 4):  # the sum, then divided as torch divides (the same bits on every rank)
+            if async_op:
+                return _SumThenDivide(work, output, self.size)
+            output.div_(self.size)
+        return work
+
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+        if self._nccl(output) and output.is_contiguous():
+            dist.all_gather_into_tensor(output.view(-1), input.contiguous().view(-1), group=self.pg)
+            return output
         parts = list(output.view(-1).chunk(self.size)) if input.numel() else [input.new_empty(0)] * self.size
         dist.all_gather(parts, input.contiguous().view(-1), group=self.pg)
         return output
 
     def reduce_scatter_async(self, output: torch.Tensor, input: torch.Tensor, op: Any = "sum") -> Any:
-        """Through an async all-reduce of a copy (see reduce_scatter); wait() copies this rank's block out."""
+        """NCCL's own reduce-scatter, else through an async all-reduce of a copy (see reduce_scatter); wait() copies
+        this rank's block out."""
+        if self._nccl(output) and output.is_contiguous() and input.is_contiguous():
+            return self._native_reduce_scatter(output, input, op, True)
         tmp = input.detach().contiguous().clone()
         return _KeepBlock(self.all_reduce_async(tmp, op), tmp, output, self.rank)
 
     def all_gather_async(self, output: torch.Tensor, input: torch.Tensor) -> Any:
+        if self._nccl(output) and output.is_contiguous():
+            return dist.all_gather_into_tensor(output.view(-1), input.contiguous().view(-1), group=self.pg,
+                                               async_op=True)
         parts = list(output.view(-1).chunk(self.size)) if input.numel() else [input.new_empty(0)] * self.size
         return dist.all_gather(parts, input.contiguous().view(-1), group=self.pg, async_op=True)
 

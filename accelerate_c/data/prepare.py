@@ -1,6 +1,7 @@
 # accelerate_c/data/prepare.py: prepare_data_loader (turn a user DataLoader into this process's
 # DataLoaderShard/DataLoaderDispatcher, HF 1.15 semantics) and skip_first_batches (a loader that skips
-# the first batches, keeping every setting of the original and linked to it for resume bookkeeping).
+# the first batches, keeping every setting of the original and linked to it for resume bookkeeping). A loader whose
+# batches go to a CUDA device with non_blocking=True pins its memory (runtime/device.py pin_for_device).
 # Not for: the iteration loops (data/loaders.py) or the index arithmetic (data/samplers.py).
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
+from ..runtime.device import pin_for_device
 from ..runtime.state import PartialState
 from ..base.dataclasses import DistributedType, RNGType
 from .loaders import DataLoaderDispatcher, DataLoaderShard, SkipDataLoader
@@ -98,6 +100,8 @@ def prepare_data_loader(dataloader: DataLoader, device: Optional[torch.device] =
         kwargs["batch_size"] = (dataloader.batch_size // num_processes if split_batches and not dispatch_batches
                                 else dataloader.batch_size)
     target = device if put_on_device and state.distributed_type != DistributedType.XLA else None
+    kwargs["pin_memory"] = pin_for_device(state.device if dispatch_batches else target, non_blocking,
+                                          kwargs.get("pin_memory", False))
     common = dict(_drop_last=dataloader.drop_last, _non_blocking=non_blocking,
                   use_stateful_dataloader=use_stateful_dataloader, torch_device_mesh=torch_device_mesh)
     if dispatch_batches:

@@ -65,6 +65,7 @@ class BucketedGradSync:
         self.in_sync = True  # False once a backward ran under no_sync: gradients are then per-rank
         self._in_pass = False
         self._works: list = []
+        self._unused_here = False  # this rank left a parameter without a gradient in the last synced backward
         # Reverse registration order: the order gradients become ready in a typical backward.
         order = list(reversed(params))
         self.params = order
@@ -151,11 +152,13 @@ class BucketedGradSync:
         buckets and the "used" mask (summed over ranks) are launched, and everything is waited for, so every
         .grad holds the average when backward returns (torch DDP's contract), while the buckets launched during
         backward overlapped with it."""
-        self._used = torch.ones(len(self.params))
+        used = torch.ones(len(self.params))
+        self._unused_here = False
         for i in self.counter.unmarked():
             p, view = self.params[i], self.views[i]
             if p.grad is None:
-                self._used[i] = 0.0
+                used[i] = 0.0
+                self._unused_here = True
                 view.zero_()  # it may hold a stale average
                 p.grad = view
             elif p.grad is not view:
@@ -163,6 +166,8 @@ class BucketedGradSync:
                 p.grad = view
         first, end = self.counter.mark_all_remaining()
         self._launch(first, end)
+        # the mask lives where the buffers do (NCCL reduces no CPU tensor)
+        self._used = used.to(self.views[0].device) if self.views else used
         self._works.append(self.group.all_reduce_async(self._used, "sum"))
         self._in_pass = False
         self.in_sync = True
@@ -203,7 +208,9 @@ class BucketedGradSync:
         works, self._works = self._works, []
         for w in works:
             w.wait()
-        used = self._used
+        if not self._unused_here:
+            return  # every parameter has this rank's gradient in its sum: none is unused, no need to read the mask
+        used = self._used  # (a device mask is read back here: only in a step where this rank left some unused)
         for i in torch.nonzero(used == 0).flatten().tolist():
             self.params[i].grad = None
 

@@ -100,8 +100,13 @@ class JoinProtocol:
         if fields is not None:
             v[self.rank] = 1.0
             v[self.world:] = torch.tensor(fields, dtype=torch.float64)
-        self.strategy.all_reduce_sum(v)
-        return v
+        device = self.strategy.state.device
+        if device.type == "cpu":
+            self.strategy.all_reduce_sum(v)
+            return v
+        on = v.to(device)  # the buckets' group is the device's (NCCL reduces no CPU tensor); read back on the host
+        self.strategy.all_reduce_sum(on)
+        return on.cpu()
 
     def _active_ranks(self, v: torch.Tensor) -> list[int]:
         return [r for r in range(self.world) if v[r] > 0]

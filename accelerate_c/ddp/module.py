@@ -128,7 +128,8 @@ class GradSync:
         by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
         for p in self.params:
             by_dtype.setdefault(p.dtype, []).append(p)
-        used = torch.tensor([0.0 if p.grad is None else 1.0 for p in self.params])
+        used = torch.tensor([0.0 if p.grad is None else 1.0 for p in self.params],
+                            device=self.params[0].device if self.params else None)  # NCCL reduces no CPU tensor
         dist.all_reduce(used, group=self.group)
         used_map = {id(p): u for p, u in zip(self.params, (used > 0).tolist())}
         for dtype, params in by_dtype.items():

@@ -1,6 +1,8 @@
 # accelerate_c/optim/gradops.py: the fused multi-tensor gradient passes a training step needs (non-finite check +
-# unscale, global norm, scale by a factor, clip by norm), backed by the C kernels in csrc/ops/gradops.c.
-# Not for: autograd, CUDA kernels (non-CPU tensors go to torch ops), or casts (precision/cast.py).
+# unscale, global norm, scale by a factor, clip by norm), backed by the C kernels in csrc/ops/gradops.c for CPU
+# tensors and by accelerate_c._C_cuda's (optim/cuda.py) for CUDA tensors of one device where it is loaded; other
+# tensors go to torch ops.
+# Not for: autograd, the kernels themselves, or casts (precision/cast.py).
 #
 # Every pass is also a torch custom op in the `accelerate_c` namespace with a fake implementation, so
 # torch.compile treats it as opaque; in eager mode the public functions skip the dispatcher.
@@ -13,6 +15,7 @@ import torch
 
 from .. import _C
 from ..base.dtypes import C_FLOAT_INPUTS as _IN
+from . import cuda
 
 __all__ = ["non_finite_check_and_unscale_", "global_norm", "scale_", "clip_grad_norm_"]
 
@@ -51,7 +54,9 @@ def _unscale_impl(grads: Sequence[torch.Tensor], found_inf: torch.Tensor, inv_sc
             _C.multi_scale_(ours, inv_scale.float(), flag, torch.get_num_threads())
             if flag.item():
                 found_inf.fill_(1.0)
-    if rest:
+    if rest and found_inf.dtype == torch.float32 and cuda.serves_floats(rest + [found_inf, inv_scale.reshape(-1)]):
+        cuda.multi_scale_(rest, inv_scale.float(), found_inf)  # on the device, no host read
+    elif rest:
         torch._amp_foreach_non_finite_check_and_unscale_(rest, found_inf, inv_scale)
 
 
@@ -89,14 +94,16 @@ def _norm_impl(grads: Sequence[torch.Tensor], norm_type: float) -> torch.Tensor:
     device = grads[0].device if len(grads) else torch.device("cpu")
     supported = norm_type in (1.0, 2.0) or (math.isinf(norm_type) and norm_type > 0)
     ours, rest = _split(grads) if supported else ([], list(grads))
-    parts = [_C.multi_norm(ours, float(norm_type), torch.get_num_threads())] if ours else []
-    if rest:
-        per = torch.stack([torch.linalg.vector_norm(g, norm_type, dtype=torch.float64).to(device) for g in rest])
-        if supported:
-            parts.append(float(torch.linalg.vector_norm(per, norm_type)))
-        else:
-            return torch.linalg.vector_norm(per, norm_type).to(torch.float32)
-    return torch.tensor(_combine(norm_type, parts), dtype=torch.float32, device=device)
+    part = _C.multi_norm(ours, float(norm_type), torch.get_num_threads()) if ours else None
+    if not rest:
+        return torch.tensor(_combine(norm_type, [] if part is None else [part]), dtype=torch.float32, device=device)
+    if part is None and supported and cuda.serves_floats(rest):
+        return cuda.multi_norm(rest, norm_type)  # one device: fp64 accumulation there, a device scalar
+    # device tensors: torch's norms in fp64, kept on the device (no host sync: clipping reads the result there)
+    per = torch.stack([torch.linalg.vector_norm(g, norm_type, dtype=torch.float64).to(device) for g in rest])
+    if part is not None:
+        per = torch.cat([per, torch.tensor([part], dtype=torch.float64).to(device)])
+    return torch.linalg.vector_norm(per, norm_type).to(torch.float32)
 
 
 @torch.library.custom_op("accelerate_c::global_norm", mutates_args=())
@@ -125,7 +132,9 @@ def _scale_impl(grads: Sequence[torch.Tensor], factor: torch.Tensor) -> None:
         _C.multi_scale_(ours, factor.float(), None, torch.get_num_threads())
     else:
         rest = list(grads)
-    if rest:
+    if rest and cuda.serves_floats(rest) and factor.numel() == 1 and (factor.is_cpu or factor.device == rest[0].device):
+        cuda.multi_scale_(rest, factor.float(), None)
+    elif rest:
         torch._foreach_mul_(rest, factor.to(rest[0].device))
 
 
@@ -158,6 +167,6 @@ def clip_grad_norm_(grads: Sequence[torch.Tensor], max_norm: float, norm_type: f
     if error_if_nonfinite and not bool(torch.isfinite(total)):
         raise RuntimeError(f"The total norm of order {norm_type} for gradients is non-finite, so it cannot be clipped.")
     coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-    if float(coef) != 1.0:
+    if total.device.type != "cpu" or float(coef) != 1.0:  # on a device: no host read, the scaling always runs
         scale_(grads, coef)
     return total

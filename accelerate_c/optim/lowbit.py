@@ -5,6 +5,8 @@
 #   "8bit"      exp_avg / exp_avg_sq uint8 codes shaped like the param (signed / unsigned dynamic map, see
 #               csrc/optim/qmap.h) plus exp_avg_absmax / exp_avg_sq_absmax, fp32, one per 256-element block.
 # A group's "state_dtype" picks the layout; "8bit" keeps params under "min_8bit_size" elements in fp32.
+# A device's (CUDA) state has the same layout on the device (the CUDA kernels keep the CPU's formats, so a checkpoint
+# moves between devices); conversions between layouts run on the CPU.
 # Not for: the optimizer classes (adamw.py) or the kernel call (_fused.py).
 from __future__ import annotations
 
@@ -59,19 +61,19 @@ def nblocks(n: int) -> int:
 
 def quantize(x: torch.Tensor, signed: bool, num_threads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Block-wise 8-bit codes (shaped like x) and fp32 absmax (one per 256 elements) of a float tensor."""
-    flat = x.detach().to(torch.float32).contiguous().view(-1)
+    flat = x.detach().to(torch.float32).contiguous().view(-1).cpu()  # (a device's state converts on the CPU)
     codes = torch.empty(x.shape, dtype=torch.uint8)
     absmax = torch.empty(nblocks(flat.numel()), dtype=torch.float32)
-    _C.quantize_blockwise(flat.cpu(), codes.view(-1), absmax, bool(signed), num_threads or torch.get_num_threads())
-    return codes, absmax
+    _C.quantize_blockwise(flat, codes.view(-1), absmax, bool(signed), num_threads or torch.get_num_threads())
+    return codes.to(x.device), absmax.to(x.device)
 
 
 def dequantize(codes: torch.Tensor, absmax: torch.Tensor, signed: bool, num_threads: int | None = None) -> torch.Tensor:
     """fp32 values (shaped like codes) of block-wise 8-bit codes."""
     out = torch.empty(codes.shape, dtype=torch.float32)
-    _C.dequantize_blockwise(codes.contiguous().view(-1), absmax.to(torch.float32).contiguous(), out.view(-1),
-                            bool(signed), num_threads or torch.get_num_threads())
-    return out
+    _C.dequantize_blockwise(codes.contiguous().view(-1).cpu(), absmax.to(torch.float32).contiguous().cpu(),
+                            out.view(-1), bool(signed), num_threads or torch.get_num_threads())
+    return out.to(codes.device)
 
 
 def _low_keys(p: torch.Tensor, layout: str) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
@@ -87,11 +89,14 @@ def new_states(items: list[tuple[torch.Tensor, str]]) -> list[dict]:
     fp32 state is torch's (zeros_like, the param's memory format); the low-precision states of one call share one
     huge-page mapping (base/pages.huge_zeros: the kernel streams them every step, and small pages would cost it a
     TLB miss per 4 KiB)."""
-    low = [(i, _low_keys(p, layout)) for i, (p, layout) in enumerate(items) if layout != "float32"]
+    low = [(i, _low_keys(p, layout)) for i, (p, layout) in enumerate(items) if layout != "float32" and p.is_cpu]
     tensors = iter(huge_zeros([(shape, dt) for _, keys in low for _, shape, dt in keys]))
     out: list = [None] * len(items)
     for i, keys in low:
         out[i] = {k: next(tensors) for k, _, _ in keys}
+    for i, (p, layout) in enumerate(items):  # a device's (CUDA) low-precision state: the same layout, on the device
+        if layout != "float32" and not p.is_cpu:
+            out[i] = {k: torch.zeros(shape, dtype=dt, device=p.device) for k, shape, dt in _low_keys(p, layout)}
     for i, (p, layout) in enumerate(items):
         if layout == "float32":
             out[i] = {"exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
@@ -147,15 +152,16 @@ def check_state(state: dict, p: torch.Tensor, layout: str) -> str | None:
     """None when state (in `layout`) can go to the kernel as is, else what is wrong with it."""
     for k in ("exp_avg", "exp_avg_sq"):
         t = state.get(k)
-        if (not isinstance(t, torch.Tensor) or t.device.type != "cpu" or not t.is_contiguous()
+        if (not isinstance(t, torch.Tensor) or t.device != p.device or not t.is_contiguous()
                 or t.numel() != p.numel()):
-            return f"state[{k!r}] must be a contiguous CPU tensor with {p.numel()} elements"
+            return f"state[{k!r}] must be a contiguous tensor on {p.device} with {p.numel()} elements"
     if layout == "8bit":
         for k in _KEYS_8BIT[2:]:
             t = state.get(k)
             if (not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or not t.is_contiguous()
-                    or t.numel() != nblocks(p.numel())):
-                return f"state[{k!r}] must be a contiguous fp32 tensor of {nblocks(p.numel())} block scales"
+                    or t.numel() != nblocks(p.numel()) or t.device != p.device):
+                return (f"state[{k!r}] must be a contiguous fp32 tensor on {p.device} of {nblocks(p.numel())} block "
+                        "scales")
     return None
 
 

@@ -1,8 +1,8 @@
 # accelerate_c/precision/cast.py: casts with scale and fused amax (bf16/fp16/fp8) in one pass, backed by the C
-# kernel in csrc/ops/cast.c; what fp8 training and mixed-precision masters cast with.
-# Not for: autograd (no backward is defined), CUDA kernels (non-CPU tensors fall back to torch ops until the
-# CUDA variants exist), strided math (non-contiguous inputs are made contiguous), or the gradient passes
-# (optim/gradops.py).
+# kernel in csrc/ops/cast.c for CPU tensors and accelerate_c._C_cuda's (optim/cuda.py) for CUDA tensors where it is
+# loaded; what fp8 training and mixed-precision masters cast with. Other devices fall back to torch ops.
+# Not for: autograd (no backward is defined), the kernels themselves, strided math (non-contiguous inputs are made
+# contiguous), or the gradient passes (optim/gradops.py).
 #
 # `cast` is also a torch custom op in the `accelerate_c` namespace (torch.ops.accelerate_c.cast*) with a fake
 # implementation, so torch.compile treats it as opaque. In eager mode the public function calls the
@@ -15,6 +15,7 @@ import torch
 
 from .. import _C
 from ..base.dtypes import C_FLOAT_INPUTS
+from ..optim import cuda
 from ..optim.gradops import scale_tensor as _scale_tensor
 
 __all__ = ["cast", "FP8_MAX"]
@@ -52,8 +53,32 @@ def _c_ok(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor]) ->
     return scale is None or (scale.device.type == "cpu" and scale.numel() == 1)
 
 
+def _cuda_ok(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor], out: Optional[torch.Tensor]) -> bool:
+    if not x.is_cuda or x.dtype not in _IN or dtype not in _OUT:
+        return False
+    if scale is not None and (scale.numel() != 1 or not (scale.is_cpu or scale.device == x.device)):
+        return False
+    if out is not None and not (out.device == x.device and out.dtype == dtype and out.is_contiguous()
+                                and out.shape == x.shape):
+        return False
+    return cuda.kernels() is not None
+
+
+def _cast_cuda(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor], want_amax: bool,
+               out: Optional[torch.Tensor]):
+    """One pass on x's device, on torch's current stream; scale and amax stay on the device (no host read)."""
+    x = x.contiguous()
+    if out is None:
+        out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    amax = torch.empty((), dtype=torch.float32, device=x.device) if want_amax else None
+    cuda.cast(x, out, None if scale is None else scale.float(), amax)
+    return (out, amax) if want_amax else out
+
+
 def _cast_impl(x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor], want_amax: bool,
                out: Optional[torch.Tensor] = None):
+    if _cuda_ok(x, dtype, scale, out):
+        return _cast_cuda(x, dtype, scale, want_amax, out)
     if not _c_ok(x, dtype, scale) or (out is not None and not (
             out.device.type == "cpu" and out.dtype == dtype and out.is_contiguous() and out.shape == x.shape)):
         y = _cast_torch(x, dtype, scale)

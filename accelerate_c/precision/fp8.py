@@ -115,8 +115,12 @@ def _dequant(q: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
     return q.to(torch.float32).mul_(1.0 / scale).to(dtype)
 
 
-def _use_scaled_mm(x: torch.Tensor) -> bool:
-    return x.is_cuda and torch.cuda.get_device_capability(x.device) >= (8, 9) and hasattr(torch, "_scaled_mm")
+def _use_scaled_mm(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """torch._scaled_mm (the fp8 tensor cores) for this product: a CUDA device of compute capability 8.9 or more
+    (Ada, Hopper) and every dimension a multiple of 16, as cuBLASLt's fp8 GEMM requires; else the CPU's emulation
+    (dequantised operands, a product in the input dtype)."""
+    return (x.is_cuda and hasattr(torch, "_scaled_mm") and x.shape[0] % 16 == 0 and x.shape[1] % 16 == 0
+            and weight.shape[0] % 16 == 0 and torch.cuda.get_device_capability(x.device) >= (8, 9))
 
 
 class _FP8LinearFn(torch.autograd.Function):
@@ -127,7 +131,7 @@ class _FP8LinearFn(torch.autograd.Function):
         x2 = x.reshape(-1, shape[-1])
         xq, sx = module.x_state.quantize(x2)
         wq, sw = module.w_state.quantize(weight)
-        if _use_scaled_mm(x2) and x2.shape[0] % 16 == 0:
+        if _use_scaled_mm(x2, weight):
             out = torch._scaled_mm(xq, wq.t(), scale_a=torch.tensor(1.0 / sx, device=x.device),
                                    scale_b=torch.tensor(1.0 / sw, device=x.device), out_dtype=x.dtype)
         else:

@@ -1,8 +1,8 @@
 # accelerate_c/runtime/state.py: the process-wide state singletons HF scripts import directly:
-# PartialState (who am I, which device, the process group), AcceleratorState (adds the precision mode, the
-# sharding plugins, duck-typed: the Accelerator settles them, facade/plugins.py, and the parallel layout,
-# layout.py: trivial here, the Accelerator's when it has a parallel config); GradientState lives in gradient.py
-# and is re-exported here (HF's import path).
+# PartialState (who am I, which device: runtime/device.py decides, the process group), AcceleratorState (adds the
+# precision mode, the sharding plugins, duck-typed: the Accelerator settles them, facade/plugins.py, and the parallel
+# layout, layout.py: trivial here, the Accelerator's when it has a parallel config); GradientState lives in
+# gradient.py and is re-exported here (HF's import path).
 # They are "Borg" objects (every instance shares one __dict__), as in HF Accelerate.
 # Not for: backend decisions beyond picking the device and the process-group backend (strategies do that).
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.distributed as dist
 
+from .device import default_backend, select_device
 from .layout_build import trivial_layout
 from .probes import StateProbes
 from .gradient import GradientState  # noqa: F401  (HF's import path: accelerate.state)
@@ -58,31 +59,30 @@ class PartialState:
         world = settings.env_int("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", default=1)
         rank = settings.env_int("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", default=0)
         local_rank = settings.env_int("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", default=rank)
-        use_cuda = (not self._cpu) and torch.cuda.is_available()
+        distributed = world > 1 or dist.is_initialized()
+        device = select_device(self._cpu, local_rank, distributed)
+        use_cuda = device.type == "cuda"
         self.backend: Optional[str] = None
-        if world > 1 or dist.is_initialized():
+        if distributed:
             if not dist.is_initialized():
                 init_kwargs = kwargs.get("init_kwargs") or {}
-                backend = init_kwargs.get("backend")
-                if backend in (None, "nccl") and not use_cuda:
-                    backend = "gloo"  # HF's InitProcessGroupKwargs defaults to nccl; on CPU that cannot work
+                backend = default_backend(device, init_kwargs.get("backend"))
                 timeout = init_kwargs.get("timeout") or timedelta(seconds=1800)
                 settings.env_setdefault("MASTER_ADDR", "127.0.0.1")
                 settings.env_setdefault("MASTER_PORT", "29500")
                 if use_cuda:
-                    torch.cuda.set_device(local_rank)
+                    torch.cuda.set_device(device)
                 dist.init_process_group(backend=backend, init_method=init_kwargs.get("init_method"),
                                         rank=rank, world_size=world, timeout=timeout)
+            elif use_cuda:
+                torch.cuda.set_device(device)
             self.backend = dist.get_backend()
             world, rank = dist.get_world_size(), dist.get_rank()
         self.num_processes = world
         self.process_index = rank
         self.local_process_index = local_rank if world > 1 else 0
         self.local_num_processes = settings.env_int("LOCAL_WORLD_SIZE", default=world if world > 1 else 1)
-        if use_cuda:
-            self.device = torch.device("cuda", self.local_process_index % max(1, torch.cuda.device_count()))
-        else:
-            self.device = torch.device("cpu")
+        self.device = device
         if world == 1:
             self.distributed_type = DistributedType.NO
         elif use_cuda:
@@ -125,7 +125,8 @@ class PartialState:
 
     @property
     def default_device(self) -> torch.device:
-        return torch.device("cuda") if torch.cuda.is_available() and not self._cpu else torch.device("cpu")
+        """The device a single process computes on (runtime/device.py's choice): cuda, mps or cpu."""
+        return select_device(self._cpu, 0, False)
 
     def wait_for_everyone(self) -> None:
         """Blocks until every process got here: the barrier of accelerate_c.comm's default group (shared

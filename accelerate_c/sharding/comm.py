@@ -6,6 +6,9 @@
 # (all-gather for forward, again for backward, reduce-scatter).
 # The stage 1/2 all-gather happens in place in shared memory when every rank is on this host: each rank reads its
 # peers' updated shards straight from their parts of the region (no staging copy), between two barriers.
+# On a GPU (no shared memory) the async reduce-scatter / all-gather return the process group's Work: NCCL's stream is
+# the side stream the prefetch and the reductions run on (ordered after the compute stream's queued work, waited for
+# by the compute stream only at Work.wait()).
 # HYBRID_SHARD across hosts: hybrid_shard_comm builds the host group's ShardComm with its cross-host groups;
 # HSDP over a parallel layout (dp_replicate x dp_shard): layout_shard_comm, from the layout's groups.
 # Not for: the transports themselves (accelerate_c/comm) or which buffers move when (engine.py).
@@ -72,6 +75,8 @@ class ShardComm:
         Neither tensor may be touched before wait(); later collectives on the group queue behind it."""
         self._count("reduce_scatter", inp)
         if self.shm is None:
+            if self._on_device(out):
+                return self.group.reduce_scatter_async(out, inp, op)
             self.group.reduce_scatter(out, inp, op)
             return None
         shm = self.shm
@@ -81,10 +86,19 @@ class ShardComm:
         """As reduce_scatter_async, for an all-gather."""
         self._count("all_gather", out)
         if self.shm is None:
+            if self._on_device(out):
+                return self.group.all_gather_async(out, inp)
             self.group.all_gather(out, inp)
             return None
         shm = self.shm
         return shm.submit(lambda: shm.raw_all_gather(out, inp))
+
+    @staticmethod
+    def _on_device(t: torch.Tensor) -> bool:
+        """A device tensor's collective is issued asynchronously on the process group (NCCL runs it on its own
+        stream after the work the current stream has queued; Work.wait() makes the current stream wait for it, the
+        host does not): the prefetch and the reduction overlap the compute stream with no device-wide sync."""
+        return t.device.type != "cpu"
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         self._count("all_gather", out)

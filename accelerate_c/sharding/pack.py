@@ -1,7 +1,9 @@
 # accelerate_c/sharding/pack.py: the engine's copy-in and the switch between its C paths and plain torch copies.
 # pack() fills a flat buffer with tensors at element offsets, converting to the buffer's dtype, zeroing the rest
 # (gaps, padding): one C call (csrc/ops/pack.c, GIL released, threaded for big units) where every tensor is a
-# contiguous CPU float tensor, torch copies otherwise. ACCELERATE_C_SHARD_KERNELS=0 selects the torch copies
+# contiguous CPU float tensor; one launch of accelerate_c._C_cuda's multi-tensor copy (optim/cuda.py) where
+# every tensor is a contiguous float tensor on out's CUDA device and the extension is loaded; torch copies
+# otherwise. ACCELERATE_C_SHARD_KERNELS=0 selects the torch copies
 # everywhere, and the separate master -> compute cast after the step (benchmarks/zero_step.py compares the two).
 # Not for: the layout (flat.py) or when buffers are packed (engine.py, zero3.py).
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 
 from .. import _C
 from ..base import settings
+from ..optim import cuda
 from ..base.dtypes import C_FLOAT_INPUTS
 
 _FLOATS = C_FLOAT_INPUTS
@@ -35,6 +38,9 @@ def pack(out: torch.Tensor, offsets: Sequence[int], tensors: Sequence[Optional[t
     if kernels_enabled() and _c_ok(out, tensors):
         _C.pack(out, tensors, offsets, torch.get_num_threads())
         return
+    if kernels_enabled() and out.is_cuda and cuda.serves_floats([out, *tensors]):
+        _pack_cuda(out, offsets, tensors)
+        return
     end = 0
     for off, t in zip(offsets, tensors):
         if off > end:
@@ -44,3 +50,24 @@ def pack(out: torch.Tensor, offsets: Sequence[int], tensors: Sequence[Optional[t
             end = off + t.numel()
     if out.numel() > end:
         out[end:].zero_()
+
+
+def _pack_cuda(out: torch.Tensor, offsets: Sequence[int], tensors: Sequence[Optional[torch.Tensor]]) -> None:
+    """pack() on one CUDA device: the gaps zeroed by torch, every piece copied (converted) in one launch."""
+    srcs, dsts, end = [], [], 0
+    for off, t in zip(offsets, tensors):
+        if off < end or (t is not None and off + t.numel() > out.numel()):
+            raise ValueError(f"pack: the piece at offset {off} overlaps the previous one or runs past the buffer's "
+                             f"{out.numel()} elements")
+        if off > end:
+            out[end:off].zero_()
+        if t is not None and t.numel():
+            srcs.append(t)
+            dsts.append(out[off:off + t.numel()])
+            end = off + t.numel()
+        else:
+            end = max(end, off)
+    if out.numel() > end:
+        out[end:].zero_()
+    if srcs:
+        cuda.multi_copy(srcs, dsts)

@@ -34,6 +34,14 @@ class StrategyContext:
 _fused_step: Optional[Callable[..., Any]] = None
 
 
+def _cuda_serves(grads: list[torch.Tensor]) -> bool:
+    """Every gradient a contiguous float tensor on one CUDA device that accelerate_c._C_cuda serves."""
+    if grads[0].device.type != "cuda":
+        return False
+    from ..optim import cuda
+    return cuda.serves_floats(grads) is not None
+
+
 def _kernels() -> Optional[Callable[..., Any]]:
     """accelerate_c.optim.fused_step, imported once (None when the extension lacks the optimizer kernels)."""
     global _fused_step
@@ -184,8 +192,8 @@ class Strategy:
         if self.mp.size > 1:  # the logical model's norm: each replica's parts summed over its ranks, counted once
             return _model_clip(params, max_norm, norm_type, self.mp.group, self.counts_here)
         grads = [p.grad for p in params if p.grad is not None]
-        if grads and all(g.device.type == "cpu" for g in grads):
-            from ..optim.gradops import clip_grad_norm_  # one fused norm pass + one scale pass (C)
+        if grads and (all(g.device.type == "cpu" for g in grads) or _cuda_serves(grads)):
+            from ..optim.gradops import clip_grad_norm_  # one fused norm pass + one scale pass (C or CUDA C)
             return clip_grad_norm_(grads, max_norm, norm_type=norm_type)
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
 

@@ -28,26 +28,6 @@ static void adam_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
     ACC_SIMD_CALL(acc_simd_level_get(), adam_range, t, lo, hi);
 }
 
-void acc_adam_scalars_for(const acc_adam_config *cfg, double step, acc_adam_scalars *c) {
-    /* torch computes these in Python floats (double) and hands them to float kernels */
-    float w = (float)(1.0 - cfg->beta1);
-    int from_end = !(fabsf(w) < 0.5f); /* ATen lerp: weight >= 0.5 uses end - (end - start) * (1 - weight) */
-    double bc1 = 1.0 - pow(cfg->beta1, step), bc2 = 1.0 - pow(cfg->beta2, step);
-    double step_size = cfg->lr / bc1, bc2_sqrt = pow(bc2, 0.5), decay = 1.0 - cfg->lr * cfg->weight_decay;
-    if (cfg->lr_is_f32_tensor) {
-        step_size = (double)((float)cfg->lr / (float)bc1);
-        decay = (double)(1.0f - (float)cfg->lr * (float)cfg->weight_decay);
-    }
-    *c = (acc_adam_scalars){
-        .scaled = cfg->grad_scale != 1.0, .maximize = cfg->maximize,
-        .wd_mode = cfg->weight_decay == 0.0 ? 0 : (cfg->decoupled ? 1 : 2), .lerp_from_end = from_end,
-        .grad_scale = (float)cfg->grad_scale, .lerp_coeff = from_end ? w - 1.0f : w,
-        .beta2 = (float)cfg->beta2, .one_m_beta2 = (float)(1.0 - cfg->beta2),
-        .decay = (float)decay, .wd = (float)cfg->weight_decay,
-        .bc2_sqrt = (float)bc2_sqrt, .eps = (float)cfg->eps, .neg_step_size = (float)(-step_size),
-    };
-}
-
 acc_status acc_adam_check_tensor(const acc_adam_config *cfg, size_t k, const acc_adam_tensor *x) {
     acc_status st = acc_optim_check_dtypes(k, x->grad_dtype, x->lp_out, x->lp_dtype);
     if (st) return st;

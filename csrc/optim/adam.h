@@ -24,6 +24,7 @@
 #include <stddef.h>
 
 #include "acc.h"
+#include "adam_math.h"
 
 typedef struct {
     float *param;           /* fp32, n elements, updated in place */
@@ -45,15 +46,6 @@ typedef struct {
     uint64_t salt;          /* ACC_BF16: mixed with the step into the rounding seed (the tensor's position) */
 } acc_adam_tensor;
 
-typedef struct {
-    double lr, beta1, beta2, eps, weight_decay;
-    double grad_scale;      /* gradients are multiplied by this (1.0: no scaling) */
-    int decoupled;          /* 1: AdamW weight decay, 0: Adam (L2 added to the gradient) */
-    int amsgrad, maximize;
-    int lr_is_f32_tensor;   /* torch computes lr/bc1 and 1 - lr*wd as float32 tensor ops when lr is a float32
-                               tensor (LR schedulers with tensor lr): we round the same way */
-} acc_adam_config;
-
 /* Updates every tensor of ts[0..nt) (all with state_dtype ACC_F32) on up to nthreads threads. The result does
  * not depend on nthreads or on the SIMD level. Checks arguments (dtypes, amsgrad buffers) before touching any
  * memory. */
@@ -63,15 +55,6 @@ acc_status acc_adam_step(const acc_adam_config *cfg, const acc_adam_tensor *ts, 
  * tensor k of a call; acc_adam_check runs them over ts[0..nt) and stops at the first failure (error text set). */
 acc_status acc_adam_check_tensor(const acc_adam_config *cfg, size_t k, const acc_adam_tensor *x);
 acc_status acc_adam_check(const acc_adam_config *cfg, const acc_adam_tensor *ts, size_t nt);
-
-/* The per-tensor float scalars of one update (shared by the fp32 and the low-precision paths, so both round
- * lr/bc1, sqrt(bc2), 1 - lr*wd the same way). wd_mode: 0 none, 1 decoupled, 2 L2. */
-typedef struct {
-    int scaled, maximize, wd_mode, lerp_from_end;
-    float grad_scale, lerp_coeff, beta2, one_m_beta2, decay, wd, bc2_sqrt, eps, neg_step_size;
-} acc_adam_scalars;
-
-void acc_adam_scalars_for(const acc_adam_config *cfg, double step, acc_adam_scalars *out);
 
 /* The low-precision-state step (adam_lowbit.c): the tensors whose state_dtype is not ACC_F32 (k in error texts:
  * the index in ts). Same contract; the 8-bit tensors are split between threads in whole blocks. */

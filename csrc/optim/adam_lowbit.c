@@ -26,19 +26,9 @@ typedef struct {
     acc_adam_scalars c;
 } lowbit_item;
 
-/* One element of the update in scalar float ops, in adam.h's order: the vector bodies' tails. */
+/* One element of the update in scalar float ops, in adam.h's order: the vector bodies' tails (adam_math.h). */
 static inline float lb_update1(const acc_adam_scalars *c, float g, float *p, float *m, float *v) {
-    if (c->scaled) g = g * c->grad_scale;
-    if (c->maximize) g = -g;
-    float pp = *p;
-    if (c->wd_mode == 1) pp = pp * c->decay;
-    else if (c->wd_mode == 2) g = fmaf(pp, c->wd, g);
-    *m = fmaf(c->lerp_coeff, g - *m, c->lerp_from_end ? g : *m);
-    *v = fmaf(c->one_m_beta2 * g, g, *v * c->beta2);
-    float den = sqrtf(*v) / c->bc2_sqrt + c->eps;
-    pp = pp + (c->neg_step_size * *m) / den;
-    *p = pp;
-    return pp;
+    return acc_adam_update1(c, g, p, m, v, NULL);
 }
 
 #define ACC_ISA_BODY "adam_lowbit_body.inc"

@@ -1,6 +1,6 @@
-/* optim_util.h: pieces shared by the optimizer kernels (adam.c, sgd.c, adam_lowbit.c): element loads and
- * low-precision stores by dtype (on fpconv.h's exact conversions), the "many tensors, one parallel pass"
- * driver and the non-finite gradient check.
+/* optim_util.h: pieces shared by the optimizer kernels (adam.c, sgd.c, adam_lowbit.c; the element loads and stores
+ * also by csrc/cuda/, ACC_HD): element loads and low-precision stores by dtype (on fpconv.h's exact conversions),
+ * the "many tensors, one parallel pass" driver and the non-finite gradient check.
  * Not for: Python (no Python.h) or the optimizer math itself. */
 #ifndef ACC_OPTIM_UTIL_H
 #define ACC_OPTIM_UTIL_H
@@ -12,7 +12,7 @@
 #include "acc.h"
 #include "fpconv.h"
 
-static inline float acc_load_elem(const void *p, acc_dtype dt, size_t i) {
+static inline ACC_HD float acc_load_elem(const void *p, acc_dtype dt, size_t i) {
     switch (dt) {
     case ACC_BF16: return acc_bf16_to_f32(((const uint16_t *)p)[i]);
     case ACC_F16: return acc_f16_to_f32(((const uint16_t *)p)[i]);
@@ -20,11 +20,12 @@ static inline float acc_load_elem(const void *p, acc_dtype dt, size_t i) {
     }
 }
 
-static inline void acc_store_lp(void *p, acc_dtype dt, size_t i, float x) {
+static inline ACC_HD void acc_store_lp(void *p, acc_dtype dt, size_t i, float x) {
     if (dt == ACC_BF16) ((uint16_t *)p)[i] = acc_f32_to_bf16(x, 0x7fc0); /* torch's scalar NaN */
     else ((uint16_t *)p)[i] = acc_f32_to_f16(x);
 }
 
+ACC_EXTERN_C_BEGIN
 /* fn(ctx, seg, lo, hi): process elements [lo, hi) of segment `seg`. */
 typedef void (*acc_seg_fn)(void *ctx, size_t seg, size_t lo, size_t hi);
 
@@ -44,6 +45,7 @@ acc_status acc_grads_nonfinite(const void *const *grads, const acc_dtype *dts, c
 /* Tensor k's gradient dtype (ACC_F32, ACC_BF16, ACC_F16) and, when lp_out is set, its low-precision copy's
  * dtype (ACC_BF16, ACC_F16): ACC_ERR_DTYPE with the error text set otherwise. */
 acc_status acc_optim_check_dtypes(size_t k, acc_dtype grad_dtype, const void *lp_out, acc_dtype lp_dtype);
+ACC_EXTERN_C_END
 
 /* Work below this many elements per thread is not worth a thread. */
 #define ACC_OPTIM_MIN_PER_THREAD ((size_t)1 << 15)

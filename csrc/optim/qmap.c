@@ -12,34 +12,9 @@
 static acc_qmap maps[2]; /* [0] unsigned, [1] signed */
 static pthread_once_t maps_once = PTHREAD_ONCE_INIT;
 
-/* Every constant is one double expression of exact integers and decimal literals, rounded once to float, so
- * Python (tests/test_optim_lowbit.py) rebuilds the same bits. */
-static void build(acc_qmap *q, int nd) {
-    static const double ten_neg[] = {1e0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7};
-    static const double ten_pos[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7};
-    *q = (acc_qmap){.nd = nd};
-    for (int k = 1; k < nd; k++) q->thr[k] = (float)ten_neg[k];
-    for (int e = 0; e < nd; e++) {
-        double n = (double)(1 << (nd - 1 - e));
-        if (e < nd - 1) {
-            q->k1[e] = (float)(ten_pos[e] * n / 0.9);
-            q->k0[e] = (float)(8.0 * n / 9.0 - 1.0);
-        } else { /* the last decade rounds between zero and the smallest code */
-            q->k1[e] = (float)ten_pos[e];
-            q->k0[e] = 0.0f;
-        }
-    }
-    for (int d = 0; d < nd; d++) {
-        int e = nd - 1 - d;
-        double n = (double)(1 << d);
-        q->step[d] = (float)(0.9 / (n * ten_pos[e]));
-        q->off[d] = (float)((double)(float)ten_neg[e] - (2.0 * n - 1.0) * (double)q->step[d]);
-    }
-}
-
 static void build_all(void) {
-    build(&maps[0], 8);
-    build(&maps[1], 7);
+    acc_qmap_build(&maps[0], 8);
+    acc_qmap_build(&maps[1], 7);
 }
 
 const acc_qmap *acc_qmap_get(int is_signed) {

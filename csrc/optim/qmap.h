@@ -29,6 +29,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "acc.h"
 #include "fpconv.h"
@@ -45,13 +46,51 @@ typedef struct {
 } acc_qmap;
 
 /* The two maps (built once, on first use, thread-safe). */
+ACC_EXTERN_C_BEGIN
 const acc_qmap *acc_qmap_get(int is_signed);
+ACC_EXTERN_C_END
 
-static inline float acc_q_fmin(float a, float b) { return a < b ? a : b; }
-static inline float acc_q_fmax(float a, float b) { return a > b ? a : b; } /* maxps: NaN -> b */
+/* Builds a map of nd decades (8: unsigned, 7: signed). Every constant is one double expression of exact integers
+ * and decimal literals, rounded once to float, so Python (tests/test_optim_lowbit.py) rebuilds the same bits; the
+ * CUDA extension builds its copy with this same function and hands it to its kernels by value. */
+static inline void acc_qmap_build(acc_qmap *q, int nd) {
+    static const double ten_neg[] = {1e0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7};
+    static const double ten_pos[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7};
+    memset(q, 0, sizeof *q);
+    q->nd = nd;
+    for (int k = 1; k < nd; k++) q->thr[k] = (float)ten_neg[k];
+    for (int e = 0; e < nd; e++) {
+        double n = (double)(1 << (nd - 1 - e));
+        if (e < nd - 1) {
+            q->k1[e] = (float)(ten_pos[e] * n / 0.9);
+            q->k0[e] = (float)(8.0 * n / 9.0 - 1.0);
+        } else { /* the last decade rounds between zero and the smallest code */
+            q->k1[e] = (float)ten_pos[e];
+            q->k0[e] = 0.0f;
+        }
+    }
+    for (int d = 0; d < nd; d++) {
+        int e = nd - 1 - d;
+        double n = (double)(1 << d);
+        q->step[d] = (float)(0.9 / (n * ten_pos[e]));
+        q->off[d] = (float)((double)(float)ten_neg[e] - (2.0 * n - 1.0) * (double)q->step[d]);
+    }
+}
+
+static inline ACC_HD float acc_q_fmin(float a, float b) { return a < b ? a : b; }
+static inline ACC_HD float acc_q_fmax(float a, float b) { return a > b ? a : b; } /* maxps: NaN -> b */
+
+/* floor(log2 x) of x >= 1 */
+static inline ACC_HD int acc_q_log2(uint32_t x) {
+#ifdef __CUDA_ARCH__
+    return 31 - __clz(x);
+#else
+    return 31 - __builtin_clz(x);
+#endif
+}
 
 /* |x| -> magnitude index (a already normalised). */
-static inline uint32_t acc_q_index(const acc_qmap *q, float a) {
+static inline ACC_HD uint32_t acc_q_index(const acc_qmap *q, float a) {
     int e = 0;
     for (int k = 1; k < q->nd; k++) e += a <= q->thr[k];
     float r = fmaf(a, q->k1[e], q->k0[e]);
@@ -60,22 +99,22 @@ static inline uint32_t acc_q_index(const acc_qmap *q, float a) {
 }
 
 /* magnitude index -> value, with the block's scaled tables (step[d] * absmax, off[d] * absmax) */
-static inline float acc_q_value_scaled(const acc_qmap *q, uint32_t idx, float absmax) {
+static inline ACC_HD float acc_q_value_scaled(const acc_qmap *q, uint32_t idx, float absmax) {
     if (idx == 0) return 0.0f;
-    int d = 31 - __builtin_clz(idx);
+    int d = acc_q_log2(idx);
     return fmaf((float)idx, q->step[d] * absmax, q->off[d] * absmax);
 }
 
-static inline float acc_q_value(const acc_qmap *q, uint32_t idx) { return acc_q_value_scaled(q, idx, 1.0f); }
+static inline ACC_HD float acc_q_value(const acc_qmap *q, uint32_t idx) { return acc_q_value_scaled(q, idx, 1.0f); }
 
 /* One element: x (fp32 state value) with the block's inverse absmax -> code byte. */
-static inline uint8_t acc_q_encode(const acc_qmap *q, int is_signed, float x, float inv) {
+static inline ACC_HD uint8_t acc_q_encode(const acc_qmap *q, int is_signed, float x, float inv) {
     uint32_t u = acc_f2u(x);
     uint32_t idx = acc_q_index(q, acc_u2f(u & 0x7fffffffu) * inv);
     return (uint8_t)(is_signed ? (idx | ((u >> 24) & 0x80u)) : idx);
 }
 
-static inline float acc_q_decode(const acc_qmap *q, int is_signed, uint8_t c, float absmax) {
+static inline ACC_HD float acc_q_decode(const acc_qmap *q, int is_signed, uint8_t c, float absmax) {
     if (!is_signed) return acc_q_value_scaled(q, c, absmax);
     float v = acc_q_value_scaled(q, c & 0x7fu, absmax);
     return acc_u2f(acc_f2u(v) | ((uint32_t)(c & 0x80u) << 24));
@@ -85,7 +124,7 @@ static inline float acc_q_decode(const acc_qmap *q, int is_signed, uint8_t c, fl
  * below 1.2e-38: they become zero codes). absmax is the largest |x| compared as bit patterns (order-independent,
  * NaN included), so every path and thread split finds the same one. With a normal absmax, a = |x| * inv is at
  * most 1 + 2^-23 (or NaN), so the upper clamp of the code index never acts: the SIMD paths leave it out. */
-static inline float acc_q_inverse(float absmax) { return absmax < 0x1p-126f ? 0.0f : 1.0f / absmax; }
+static inline ACC_HD float acc_q_inverse(float absmax) { return absmax < 0x1p-126f ? 0.0f : 1.0f / absmax; }
 
 /* ---- bf16 state: the random bits of its stochastic rounding ---------------------------------------------
  * A counter-based hash of the element's index within its tensor and a per-(tensor, step) seed: the bits do not
@@ -94,7 +133,7 @@ static inline float acc_q_inverse(float absmax) { return absmax < 0x1p-126f ? 0.
 #define ACC_SR_K1 0x9e3779b1u
 #define ACC_SR_K2 0x85ebca6bu
 
-static inline uint32_t acc_sr_hash(uint32_t index, uint32_t seed) {
+static inline ACC_HD uint32_t acc_sr_hash(uint32_t index, uint32_t seed) {
     uint32_t x = index * ACC_SR_K1 + seed;
     x ^= x >> 16;
     x *= ACC_SR_K2;
@@ -103,7 +142,7 @@ static inline uint32_t acc_sr_hash(uint32_t index, uint32_t seed) {
 
 /* The seed of one tensor's update: mixes the step number and the caller's salt (the tensor's position in its
  * optimizer). Element indices are taken mod 2^32. */
-static inline uint32_t acc_sr_seed(double step, uint64_t salt) {
+static inline ACC_HD uint32_t acc_sr_seed(double step, uint64_t salt) {
     uint64_t z = (uint64_t)step * 0x9e3779b97f4a7c15ull ^ (salt + 0x632be59bd9b4e019ull) * 0xbf58476d1ce4e5b9ull;
     z ^= z >> 31;
     z *= 0xd6e8feb86659fd93ull;
@@ -112,9 +151,11 @@ static inline uint32_t acc_sr_seed(double step, uint64_t salt) {
 
 /* Block-wise conversions of whole tensors (state_dict conversion, tests): x has n fp32 elements; codes n bytes;
  * absmax ceil(n / ACC_QBLOCK) floats. Parallel over blocks; results independent of nthreads and SIMD level. */
+ACC_EXTERN_C_BEGIN
 acc_status acc_quantize_blockwise(const float *x, size_t n, int is_signed, uint8_t *codes, float *absmax,
                                   int nthreads);
 acc_status acc_dequantize_blockwise(const uint8_t *codes, const float *absmax, size_t n, int is_signed, float *x,
                                     int nthreads);
+ACC_EXTERN_C_END
 
 #endif

@@ -9,6 +9,7 @@
 #ifndef ACC_SGD_H
 #define ACC_SGD_H
 
+#include <math.h>
 #include <stddef.h>
 
 #include "acc.h"
@@ -29,6 +30,28 @@ typedef struct {
     int nesterov, maximize;
 } acc_sgd_config;
 
+ACC_EXTERN_C_BEGIN
 acc_status acc_sgd_step(const acc_sgd_config *cfg, const acc_sgd_tensor *ts, size_t nt, int nthreads);
+ACC_EXTERN_C_END
+
+/* One element in the order above (sgd_body.inc's, which the CPU paths run; the CUDA kernels call this, ACC_HD):
+ * gs/wd/mom/one_m_damp/neg_lr are the float scalars sgd.c derives (neg_lr = -lr), buf NULL without momentum, init
+ * the first step. Include only from files compiled without floating-point contraction. */
+static inline ACC_HD float acc_sgd_update1(float g, float *p, float *buf, int scaled, float gs, int maximize,
+                                           int has_wd, float wd, int init, float mom, float one_m_damp,
+                                           int nesterov, float neg_lr) {
+    if (scaled) g = g * gs;
+    if (maximize) g = -g;
+    float pp = *p;
+    if (has_wd) g = fmaf(pp, wd, g);
+    if (buf) {
+        float b = init ? g : fmaf(g, one_m_damp, *buf * mom);
+        *buf = b;
+        g = nesterov ? fmaf(b, mom, g) : b;
+    }
+    pp = fmaf(g, neg_lr, pp);
+    *p = pp;
+    return pp;
+}
 
 #endif

@@ -1,0 +1,179 @@
+# benchmarks/_gpu_train.py: the training runs of benchmarks/gpu_check.py, each in its own process (so HF Accelerate,
+# accelerate_c and the plain loop never share a process, and the two-process runs go through our launcher): one model
+# (the demo GPT of examples/train_gpt.py, or a transformers Llama from a config), synthetic token batches fixed by the
+# seed, torch.optim.AdamW(fused=True) as the user's optimizer, and per-step losses plus the mean step time written as
+# JSON. Also runnable on the CPU (--device cpu) so the script's plumbing is checked where there is no GPU. training()
+# is gpu_check.py's section that starts these runs and compares them.
+# Not for: kernel checks (gpu_check.py) or anything the library itself needs.
+#
+#   python benchmarks/_gpu_train.py --lib {torch,ours,hf} --model {gpt,llama} --precision {bf16,fp8,no} --steps N
+#       --out FILE [--device cuda|cpu] [--strategy ddp|zero3 --global_batch B]   (the last two under a launcher)
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Callable
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def build_model(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if name == "gpt":
+        spec = importlib.util.spec_from_file_location("_demo_gpt", os.path.join(ROOT, "examples", "train_gpt.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)  # (imports accelerate_c: harmless beside HF's package)
+        return mod.GPT(vocab=256, block_size=128, n_layer=6, n_head=8, n_embd=512)
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=6,
+                      num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=256)
+    return LlamaForCausalLM(cfg)
+
+
+def batches(model: str, steps: int, batch: int, seq: int = 128) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)
+    vocab = 256 if model == "gpt" else 8192
+    return [torch.randint(0, vocab, (batch, seq + 1), generator=g) for _ in range(steps)]
+
+
+def loss_of(model_name: str, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if model_name == "gpt":
+        return model(x[:, :-1], x[:, 1:])
+    return model(input_ids=x[:, :-1], labels=x[:, :-1]).loss
+
+
+def run(args: argparse.Namespace) -> dict:
+    dev = torch.device(args.device)
+    model = build_model(args.model)
+    data = batches(args.model, args.steps, args.global_batch)
+    acc = None
+    if args.lib == "torch":
+        model = model.to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, fused=dev.type == "cuda")
+        auto = (torch.autocast(dev.type, dtype=torch.bfloat16) if args.precision == "bf16"
+                else contextlib.nullcontext())
+    else:
+        if args.lib == "ours":
+            import accelerate_c as lib
+        else:
+            import accelerate as lib
+        kw: dict = {"mixed_precision": args.precision, "cpu": dev.type == "cpu"}
+        handlers = []
+        if args.strategy:  # two processes on one GPU: gloo on CUDA tensors (NCCL needs a GPU per rank)
+            handlers.append(lib.utils.InitProcessGroupKwargs(backend="gloo"))
+        if args.strategy == "zero3":
+            kw["fsdp_plugin"] = lib.FullyShardedDataParallelPlugin(sharding_strategy="FULL_SHARD")
+        acc = lib.Accelerator(kwargs_handlers=handlers, **kw)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, fused=dev.type == "cuda")
+        model, opt = acc.prepare(model, opt)
+        dev = acc.device
+        auto = contextlib.nullcontext()
+    rank, world = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
+    losses, t0, warm = [], 0.0, min(5, args.steps - 1)
+    for i, x in enumerate(data):
+        if i == warm:
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        x = x.chunk(world)[rank].to(dev, non_blocking=True)
+        with auto:
+            loss = loss_of(args.model, model, x)
+        if acc is None:
+            loss.backward()
+        else:
+            acc.backward(loss)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        d = loss.detach().float().reshape(1)
+        losses.append(acc.gather(d).mean().reshape(1) if world > 1 else d)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    step_s = (time.perf_counter() - t0) / max(1, args.steps - warm)
+    return {"lib": args.lib, "model": args.model, "precision": args.precision, "strategy": args.strategy,
+            "world": world, "rank": rank, "losses": torch.cat(losses).tolist(), "step_s": step_s,
+            "max_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else 0.0}
+
+
+# ---- training ------------------------------------------------------------------------------------------------------
+
+def _worker(args: list[str], out: str, timeout: float, launch: int = 0) -> list[dict]:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    script = os.path.abspath(__file__)
+    cmd = ([sys.executable, "-m", "accelerate_c", "launch", "--num_processes", str(launch), script] if launch
+           else [sys.executable, script]) + args + ["--out", out]
+    p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(args)} failed ({p.returncode}): {(p.stdout + p.stderr)[-1500:]}")
+    files = [f"{out}.{r}.json" for r in range(launch)] if launch else [out]
+    return [json.load(open(f)) for f in files]
+
+
+def training(quick: bool, tmp: str, say: Callable[[str], None], check: Callable[[str, bool, str], None]) -> None:
+    """gpu_check.py's training section: every run in its own process, the figures through say / check."""
+    steps = 20 if quick else 40
+    for model in ("gpt", "llama"):
+        recs = {}
+        for lib in ("torch", "ours", "hf"):
+            recs[lib] = _worker(["--lib", lib, "--model", model, "--steps", str(steps)],
+                                os.path.join(tmp, f"{model}_{lib}.json"), 300)[0]
+        base = recs["torch"]
+        for lib in ("ours", "hf"):
+            r = recs[lib]
+            d = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], base["losses"]))
+            say(f"  {model} bf16, {lib}: step {r['step_s'] * 1e3:.1f} ms vs plain autocast loop "
+                f"{base['step_s'] * 1e3:.1f} ms ({r['step_s'] / base['step_s']:.3f}x; target ours <= 1.02x), "
+                f"max rel loss diff {d:.1e}, peak {r['max_mem_gib']:.2f} GiB")
+            if lib == "ours":
+                check(f"{model} bf16 losses vs the plain loop", d <= 2e-2,
+                      f"max rel diff {d:.1e} (bf16 tolerance 2e-2)")
+        say(f"  {model}: ours / HF Accelerate step time {recs['ours']['step_s'] / recs['hf']['step_s']:.3f}x "
+            "(target <= 1.0x)")
+    n8 = 60 if quick else 200
+    bf, f8 = (_worker(["--lib", "ours", "--model", "gpt", "--precision", p, "--steps", str(n8)],
+                      os.path.join(tmp, f"fp8_{p}.json"), 300)[0] for p in ("bf16", "fp8"))
+    lb, l8 = (sum(r["losses"][-10:]) / 10 for r in (bf, f8))
+    check(f"fp8 vs bf16 after {n8} steps (demo GPT)", abs(l8 - lb) <= 0.01 * lb,
+          f"mean of the last 10 losses {l8:.4f} vs {lb:.4f} ({abs(l8 - lb) / lb:.2%}; target 1%), step "
+          f"{f8['step_s'] * 1e3:.1f} vs {bf['step_s'] * 1e3:.1f} ms")
+    one = _worker(["--lib", "ours", "--model", "gpt", "--steps", "10", "--precision", "no"],
+                  os.path.join(tmp, "one.json"), 300)[0]
+    for strategy in ("ddp", "zero3"):
+        try:
+            two = _worker(["--lib", "ours", "--model", "gpt", "--steps", "10", "--precision", "no", "--strategy",
+                           strategy], os.path.join(tmp, f"two_{strategy}"), 300, launch=2)
+            d = max(abs(a - b) / abs(b) for a, b in zip(two[0]["losses"], one["losses"]))
+            check(f"two processes on one GPU (gloo, CUDA tensors), {strategy} vs one process", d <= 1e-4,
+                  f"max rel loss diff {d:.1e} over 10 steps, step {two[0]['step_s'] * 1e3:.1f} ms")
+        except Exception as e:
+            check(f"two processes on one GPU (gloo, CUDA tensors), {strategy}", False, str(e)[-600:])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--lib", choices=["torch", "ours", "hf"], required=True)
+    p.add_argument("--model", choices=["gpt", "llama"], required=True)
+    p.add_argument("--precision", choices=["bf16", "fp8", "no"], default="bf16")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--global_batch", type=int, default=16)
+    p.add_argument("--strategy", choices=["ddp", "zero3"], default=None)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    rec = run(args)
+    out = args.out if rec["world"] == 1 else f"{args.out}.{rec['rank']}.json"
+    with open(out, "w") as f:
+        json.dump(rec, f)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, ROOT)
+    main()
