@@ -6,6 +6,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 # Every public name is resolved on first use (PEP 562), so `import accelerate_c` and the CLI
@@ -39,6 +40,10 @@ if TYPE_CHECKING:  # the static view of the same names
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
+    if module is None and not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")  # a subpackage (`accelerate_c.utils.X`, as HF's)
+        globals()[name] = value
+        return value
     if module is None:
         raise AttributeError(f"module 'accelerate_c' has no attribute {name!r}")
     value = getattr(importlib.import_module(module, __name__), name)

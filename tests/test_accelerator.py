@@ -307,3 +307,13 @@ def test_free_memory_releases_prepared_objects():
     assert acc.free_memory(model) == [None] and acc._models == [] and acc.step == 0
     del model
     assert ref() is None
+
+
+def test_subpackages_reachable_as_attributes_in_a_fresh_interpreter():
+    """`import accelerate; accelerate.utils.X` works with HF's package; ours raised AttributeError unless something
+    had imported accelerate_c.utils before (the suite's order hid it)."""
+    import subprocess
+    import sys
+    code = "import accelerate_c; print(accelerate_c.utils.FullyShardedDataParallelPlugin.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "FullyShardedDataParallelPlugin", out.stderr[-2000:]
