@@ -34,7 +34,7 @@ demo: install
 	$(VPY) -m accelerate_c launch --num_processes 2 examples/train_gpt.py $(or $(DEMO_ARGS),--overwrite)
 
 test: install
-	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=40 tests
 
 bench: install
 	$(VPY) benchmarks/run_all.py

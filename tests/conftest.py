@@ -18,6 +18,11 @@ import time
 import psutil
 import pytest
 
+# The workers share the cores with the ranks other tests start: OpenMP threads that spin while they wait for work
+# (libgomp's default) keep a core from the processes that have work (a 2 s test took 108 s in the suite). Set before
+# any test module imports torch; the ranks inherit it (with OMP_NUM_THREADS=1, clean_env).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 
