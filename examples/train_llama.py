@@ -9,6 +9,8 @@
 #   python -m accelerate_c launch --num_processes 2 --parallelism_config_pp_size 2 examples/train_llama.py   # PP
 #   python -m accelerate_c launch --num_processes 4 --parallelism_config_tp_size 2 \
 #       --parallelism_config_pp_size 2 examples/train_llama.py                                  # TP x PP
+#   python -m accelerate_c launch --num_processes 4 --use_megatron_lm --megatron_lm_tp_degree 2 \
+#       --megatron_lm_pp_degree 2 --megatron_lm_sequence_parallelism true examples/train_llama.py  # TP + SP x PP
 # It runs unchanged under HF Accelerate for the DDP line (`--impl accelerate`). Flags: --max_steps, --output_dir
 # (save_model there at the end), --seq_len, --batch_size, --mixed_precision.
 # Not for: benchmarking (benchmarks/tp_step.py) or every feature (examples/train_gpt.py).

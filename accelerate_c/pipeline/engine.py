@@ -44,6 +44,16 @@ class PipelineOutput(dict):
             raise AttributeError(name) from None
 
 
+def _full_sequence(mb: dict, hidden: torch.Tensor) -> torch.Tensor:
+    """What the stage's masks and positions are built from: the hidden states, or under sequence parallelism (where a
+    later stage receives its slice of the sequence) a view of them at the micro-batch's full length (no copy)."""
+    ref = mb.get("input_ids")
+    ref = ref if isinstance(ref, torch.Tensor) else mb.get("inputs_embeds")
+    if not isinstance(ref, torch.Tensor) or ref.dim() < 2 or hidden.dim() < 3 or hidden.shape[1] == ref.shape[1]:
+        return hidden
+    return hidden[:, :1].expand(hidden.shape[0], ref.shape[1], *hidden.shape[2:])
+
+
 class PipelineEngine(nn.Module):
     runs_backward = True  # its training call runs the backward itself (a data-parallel wrapper syncs after it)
     _accelerate_c_wrapper = True  # unwrap_model gives the user's (pruned) model
@@ -155,7 +165,11 @@ class PipelineEngine(nn.Module):
     def _stage_fn(self, s: int, mb: dict, x: Optional[torch.Tensor]) -> Any:
         a, model = self.adapter, self.module
         h = a.embed(model, mb) if s == 0 else x
-        ctx = a.context(model, mb, h)
+        full = _full_sequence(mb, h)
+        tp = getattr(model, "_tp_state", None)  # tensor parallelism's state (its root hook never runs here)
+        if tp is not None and tp.comm.sp and full.dim() > tp.comm.seq_dim:
+            tp.comm.set_sequence(full.shape[tp.comm.seq_dim])  # this micro-batch's length: SP gathers to it
+        ctx = a.context(model, mb, full)
         for i in self.stage_layers[s]:
             if s in self.checkpointing and torch.is_grad_enabled():
                 h = torch.utils.checkpoint.checkpoint(a.layer, model, i, self._layers[i], h, ctx, use_reentrant=False)

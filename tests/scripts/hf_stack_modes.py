@@ -110,6 +110,12 @@ def main() -> None:
     """`MODE[,MODE...] OUT`: the modes one after the other in these processes, each into OUT/<mode>."""
     for mode in sys.argv[1].split(","):
         run(mode, os.path.join(sys.argv[2], mode))
+    # the process group torn down before the interpreter: gloo's threads destroyed at exit aborted a rank of HF's run
+    # once ("terminate called without an active exception", SIGABRT after every mode had finished)
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

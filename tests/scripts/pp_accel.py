@@ -4,7 +4,8 @@
 #   pp        ParallelismConfig(pp_size=2, pp_num_micro_batches=4), 1F1B                     2 processes
 #   pp_zb     ParallelismConfig(pp_size=2, pp_schedule="zb_h1", pp_num_micro_batches=2),
 #             gradient_accumulation_steps=2, tied embeddings                                  2 processes
-#   megatron  MegatronLMPlugin(pp_degree=2, num_micro_batches=4, gradient_clipping=0.0)        2 processes
+#   megatron  MegatronLMPlugin(tp_degree=2, pp_degree=2, sequence_parallelism=True, num_micro_batches=4,
+#             gradient_clipping=0.0): tp x sp x pp (a later stage receives a slice of the sequence)   4 processes
 #   dp_pp     ParallelismConfig(dp_replicate_size=2, pp_size=2)                               4 processes
 #   tp_pp     ParallelismConfig(tp_size=2, pp_size=2)                                         4 processes
 #   dp_tp_pp  ParallelismConfig(dp_replicate_size=2, tp_size=2, pp_size=2)                    8 processes
@@ -61,7 +62,8 @@ def main():
     if pc is not None:
         kw["parallelism_config"] = ParallelismConfig(**pc)
     else:
-        kw["megatron_lm_plugin"] = MegatronLMPlugin(pp_degree=2, num_micro_batches=4, gradient_clipping=0.0)
+        kw["megatron_lm_plugin"] = MegatronLMPlugin(tp_degree=2, pp_degree=2, sequence_parallelism=True,
+                                                    num_micro_batches=4, gradient_clipping=0.0)
     if args.mode == "pp_zb":
         kw["gradient_accumulation_steps"] = 2
     acc = Accelerator(**kw)
