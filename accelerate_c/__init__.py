@@ -40,13 +40,12 @@ if TYPE_CHECKING:  # the static view of the same names
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
-    if module is None and not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+    if module is not None:
+        value = getattr(importlib.import_module(module, __name__), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
         value = importlib.import_module(f"{__name__}.{name}")  # a subpackage (`accelerate_c.utils.X`, as HF's)
-        globals()[name] = value
-        return value
-    if module is None:
+    else:
         raise AttributeError(f"module 'accelerate_c' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value  # resolved once
     return value
 

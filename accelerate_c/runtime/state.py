@@ -168,6 +168,7 @@ class PartialState:
         per, extras = divmod(length, self.num_processes)
         start = self.process_index * per + min(self.process_index, extras)
         end = start + per + (1 if self.process_index < extras else 0)
+        target = per + (1 if extras > 0 else 0)  # every share's length once padded
 
         def split(values: Any) -> Any:
             if isinstance(values, dict):
@@ -177,7 +178,6 @@ class PartialState:
                 if apply_padding:
                     if start >= len(values):  # fewer inputs than processes: pad from the last one
                         part = values[-1:]
-                    target = per + (1 if extras > 0 else 0)
                     if isinstance(part, torch.Tensor):
                         part = _pad_rows(part.to(self.device), target, values[-1])
                     else:
@@ -186,7 +186,7 @@ class PartialState:
             if hasattr(values, "select") and hasattr(values, "__len__"):  # datasets.Dataset
                 rows = list(range(min(start, len(values)), min(end, len(values))))
                 if apply_padding:
-                    rows += [len(values) - 1] * (per + (1 if extras > 0 else 0) - len(rows))
+                    rows += [len(values) - 1] * (target - len(rows))
                 return values.select(rows)
             return values
 
