@@ -3,7 +3,9 @@
 # accelerate_c), issue 23's setup: GPT-2 from a config (4 layers, width 256, vocab 4096), 128 tokens, batch 4 per
 # process, bf16, gradient accumulation 2. Each run times its optimizer steps (a TrainerCallback, rank 0, steps after
 # the warm-up); the two libraries alternate for --rounds rounds; medians and the ratio are printed and appended to
-# RESULTS.md. Target: accelerate_c <= 0.9x HF's.
+# RESULTS.md. Target: accelerate_c <= 0.9x HF's. A third row, the floor, runs the same model, batch, bf16 autocast,
+# accumulation, gradient clipping and AdamW as a plain torch loop in two processes at once (no Trainer, no library, no
+# communication): the model's own compute under the same contention, which no library in the Trainer can go below.
 # Run: python benchmarks/trainer_step.py [--steps N] [--rounds R] [--quick] [--no-record]
 # Not for: correctness (tests/test_hf_trainer.py).
 from __future__ import annotations
@@ -25,9 +27,40 @@ from _results import append_results  # noqa: E402
 from ddp_step import free_port  # noqa: E402
 
 
+def _model():
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=4096, n_positions=128))
+
+
+def floor_worker(args) -> None:
+    """The Trainer's step without the Trainer: autocast bf16 forward, backward of loss / 2 twice, clip to norm 1.0,
+    AdamW, zero_grad; one process, no communication."""
+    import torch
+
+    model = _model().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 4096, (4, 128), generator=torch.Generator().manual_seed(0))
+    t = [time.perf_counter()]
+    for _ in range(args.steps):
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+            (loss / 2).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t.append(time.perf_counter())
+    dt = [b - a for a, b in zip(t, t[1:])][args.warmup:]
+    with open(args.out, "w") as f:
+        json.dump({"step": statistics.median(dt), "accelerate": "none"}, f)
+
+
 def worker(args) -> None:
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainerCallback, TrainingArguments
 
     class Data(torch.utils.data.Dataset):
         def __init__(self, n: int) -> None:
@@ -46,8 +79,7 @@ def worker(args) -> None:
         def on_step_end(self, a, state, control, **kw):
             self.t.append(time.perf_counter())
 
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=4096, n_positions=128))
+    model = _model()
     targs = TrainingArguments(output_dir=args.out + ".run", max_steps=args.steps, per_device_train_batch_size=4,
                               gradient_accumulation_steps=2, learning_rate=1e-4, bf16=True, use_cpu=True,
                               report_to=[], logging_steps=1000, save_strategy="no", seed=0,
@@ -67,6 +99,16 @@ def launch(impl: str, args, out: str) -> dict:
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     script = [os.path.abspath(__file__), "--worker", "--out", out, "--steps", str(args.steps), "--warmup",
               str(args.warmup)]
+    if impl == "floor":  # two independent processes at once; rank 0's figure
+        procs = [subprocess.Popen([sys.executable, *script[:2], "--floor", "--out", out + str(r), *script[4:]],
+                                  env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for r in range(2)]
+        for p in procs:
+            text, _ = p.communicate(timeout=3600)
+            if p.returncode != 0:
+                raise RuntimeError(f"floor run failed ({p.returncode}):\n{text[-3000:]}")
+        with open(out + "0") as f:
+            return json.load(f)
     if impl == "hf":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                str(free_port()), *script]
@@ -84,6 +126,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="transformers Trainer step time: accelerate_c vs HF Accelerate")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--floor", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
@@ -91,24 +134,25 @@ def main() -> None:
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
     if args.worker:
-        return worker(args)
+        return floor_worker(args) if args.floor else worker(args)
     if args.quick:
         args.rounds, args.steps, args.warmup = 1, 5, 1
-    times: dict[str, list[float]] = {"hf": [], "ours": []}
+    times: dict[str, list[float]] = {"hf": [], "ours": [], "floor": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for impl in ("hf", "ours"):
+            for impl in ("hf", "ours", "floor"):
                 res = launch(impl, args, os.path.join(tmp, f"{impl}{r}.json"))
-                expect = "accelerate_c" if impl == "ours" else os.sep + "accelerate" + os.sep
+                expect = {"ours": "accelerate_c", "hf": os.sep + "accelerate" + os.sep, "floor": "none"}[impl]
                 assert expect in res["accelerate"], (impl, res["accelerate"])  # the library that really ran
                 times[impl].append(res["step"])
-    hf, ours = statistics.median(times["hf"]), statistics.median(times["ours"])
+    hf, ours, floor = (statistics.median(times[k]) for k in ("hf", "ours", "floor"))
     lines = ["transformers Trainer, GPT-2 from a config (4 layers, width 256, vocab 4096), 128 tokens, batch 4 per "
              f"process, bf16, gradient accumulation 2, 2 CPU processes x 1 thread; {args.steps} steps ({args.warmup} "
              f"warm-up), {args.rounds} alternating rounds, median s per optimizer step", "",
              "| library | s/step | vs HF |", "|---|---|---|",
              f"| HF Accelerate 1.15 | {hf:.3f} | 1.00 |", f"| accelerate_c (--as_accelerate) | {ours:.3f} | "
-             f"{ours / hf:.2f} |", "",
+             f"{ours / hf:.2f} |", f"| floor: plain torch loop, same compute, no Trainer or library | {floor:.3f} | "
+             f"{floor / hf:.2f} |", "",
              "- per-round: " + "; ".join(f"{k} {[round(x, 3) for x in v]}" for k, v in times.items()),
              "- target: accelerate_c <= 0.9x HF's"]
     print("\n".join(lines))

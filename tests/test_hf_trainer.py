@@ -4,10 +4,12 @@
 # repeats steps 4-6 exactly. Two processes in fp32 (ours: `launch --as_accelerate`; HF: torchrun, its DDP; losses
 # equal HF's, <= 1e-5; tests/scripts/hf_stack_modes.py): the Trainer with accumulation and evaluation, a PEFT LoRA
 # adapter through the Trainer and TRL's SFTTrainer in one launch (the LoRA checkpoint holds the adapter only), and the
-# Trainer with fsdp="full_shard" + fsdp_config on our sharded engine (as HF's FSDP), whose step-2 checkpoint
-# (save_fsdp_model / save_fsdp_optimizer) resumes exactly.
+# Trainer with fsdp="full_shard" + fsdp_config on our sharded engine (HF runs it as DDP on CPU), whose step-2 checkpoint
+# (save_fsdp_model / save_fsdp_optimizer) resumes exactly; and the Trainer with torch_compile=True (backend aot_eager:
+# dynamo and AOTAutograd through our prepare, without inductor's C++ build), whose checkpoint keys carry no
+# torch.compile prefix.
 # While accelerate_c has no ParallelismConfig, tests/scripts/hf_stack_run.py stands one in.
-# Not for: torch_compile on, or the step-time target (a benchmark's job).
+# Not for: inductor's code generation (torch's), or the step-time target (a benchmark's job).
 import json
 import os
 import shutil
@@ -72,9 +74,12 @@ def test_trainer_peft_lora_and_trl_sft_two_processes_equal_hf(tmp_path):
     assert files == hf["lora"]["files"]
 
 
-def test_trainer_fsdp_full_shard_two_processes_equals_hf_and_resumes_exactly(tmp_path):
-    hf, ours = _two(tmp_path, "fsdp,fsdp_resume")
+def test_trainer_fsdp_full_shard_and_compile_two_processes_equal_hf_and_resume_exactly(tmp_path):
+    hf, ours = _two(tmp_path, "fsdp,fsdp_resume,compile")
     _same_losses(ours["fsdp"], hf["fsdp"])
+    _same_losses(ours["compile"], hf["compile"])
+    assert ours["compile"]["graphs"] > 0 and hf["compile"]["graphs"] > 0, "torch_compile=True compiled nothing"
+    assert ours["compile"]["keys"] == hf["compile"]["keys"] and "model.norm.weight" in ours["compile"]["keys"]
     assert {"pytorch_model_fsdp_0", "optimizer_0"} <= set(ours["fsdp"]["files"]), ours["fsdp"]["files"]
     # transformers passes adapter_only=True for every model and looks for folders named after the model / optimizer;
     # each process's optimizer state is its shard's: the step-2 checkpoint must repeat steps 3 and 4 exactly

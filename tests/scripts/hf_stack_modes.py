@@ -6,6 +6,9 @@
 #   sft:  TRL's SFTTrainer on a small in-memory dataset (datasets.Dataset.from_dict) of text made here
 #   fsdp: Trainer with fsdp="full_shard" + fsdp_config (our sharded engine under accelerate_c), checkpoints every 2
 #   fsdp_resume: the fsdp run again from its step-2 checkpoint (resume_from_checkpoint), losses to fsdp/resumed.json
+#   compile: Trainer with torch_compile=True (backend aot_eager: dynamo and AOTAutograd without inductor's C++ build),
+#            gradient accumulation 2; records the keys of the saved model (no torch.compile prefix may leak into them)
+#            and how many graphs dynamo compiled
 # `trainer,lora,sft` runs them in the same processes (one launch). Per-step losses go to <out>/<mode>/losses.json (main
 # process). Not for: benchmarking.
 import json
@@ -65,6 +68,12 @@ def run(mode: str, out: str) -> None:
         args = TrainingArguments(**dict(common, gradient_accumulation_steps=2), eval_strategy="steps", eval_steps=2,
                                  per_device_eval_batch_size=4)
         trainer = Trainer(model=_model(), args=args, train_dataset=data, eval_dataset=data[:8], callbacks=[record])
+    elif mode == "compile":
+        from transformers import Trainer
+
+        args = TrainingArguments(**dict(common, gradient_accumulation_steps=2), torch_compile=True,
+                                 torch_compile_backend="aot_eager")
+        trainer = Trainer(model=_model(), args=args, train_dataset=data, callbacks=[record])
     elif mode == "lora":
         from peft import LoraConfig, get_peft_model
         from transformers import Trainer
@@ -102,13 +111,25 @@ def run(mode: str, out: str) -> None:
     if trainer.is_world_process_zero():
         ckpt = os.path.join(out, "checkpoint-4")
         files = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else []
+        keys = []
+        if "model.safetensors" in files:
+            from safetensors import safe_open
+
+            with safe_open(os.path.join(ckpt, "model.safetensors"), "pt") as fh:
+                keys = sorted(fh.keys())
         with open(os.path.join(out, "losses.json"), "w") as fh:
-            json.dump({"losses": record.losses, "files": files}, fh)
+            compiled = int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) if mode == "compile" else 0
+            json.dump({"losses": record.losses, "files": files, "keys": keys, "graphs": compiled}, fh)
 
 
 def main() -> None:
     """`MODE[,MODE...] OUT`: the modes one after the other in these processes, each into OUT/<mode>."""
+    launched = dict(os.environ)
     for mode in sys.argv[1].split(","):
+        # each mode from the launch's environment: both libraries leave variables behind (a Trainer with fsdp sets
+        # ACCELERATE_USE_FSDP, torch_compile=True sets ACCELERATE_DYNAMO_*) that would change the next mode's run
+        os.environ.clear()
+        os.environ.update(launched)
         run(mode, os.path.join(sys.argv[2], mode))
     # the process group torn down before the interpreter: gloo's threads destroyed at exit aborted a rank of HF's run
     # once ("terminate called without an active exception", SIGABRT after every mode had finished)
