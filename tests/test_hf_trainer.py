@@ -8,7 +8,6 @@
 # (save_fsdp_model / save_fsdp_optimizer) resumes exactly; and the Trainer with torch_compile=True (backend aot_eager:
 # dynamo and AOTAutograd through our prepare, without inductor's C++ build), whose checkpoint keys carry no
 # torch.compile prefix.
-# While accelerate_c has no ParallelismConfig, tests/scripts/hf_stack_run.py stands one in.
 # Not for: inductor's code generation (torch's), or the step-time target (a benchmark's job).
 import json
 import os
