@@ -4,6 +4,9 @@
 #   pp        ParallelismConfig(pp_size=2, pp_num_micro_batches=4), 1F1B                     2 processes
 #   pp_zb     ParallelismConfig(pp_size=2, pp_schedule="zb_h1", pp_num_micro_batches=2),
 #             gradient_accumulation_steps=2, tied embeddings                                  2 processes
+#   pp_bf16   pp with mixed_precision="bf16": the reference loop runs the same 4 micro-batches under
+#             torch.autocast(bf16); losses within 2e-2 relative, and farther from the fp32 loop's than from it (bf16
+#             really ran)                                                                     2 processes
 #   megatron  MegatronLMPlugin(tp_degree=2, pp_degree=2, sequence_parallelism=True, num_micro_batches=4,
 #             gradient_clipping=0.0): tp x sp x pp (a later stage receives a slice of the sequence)   4 processes
 #   dp_pp     ParallelismConfig(dp_replicate_size=2, pp_size=2)                               4 processes
@@ -54,7 +57,7 @@ def main():
     from accelerate_c import Accelerator
     from accelerate_c.utils import MegatronLMPlugin, ParallelismConfig
     kw: dict = {}
-    pc = dict(pp=dict(pp_size=2, pp_num_micro_batches=4),
+    pc = dict(pp=dict(pp_size=2, pp_num_micro_batches=4), pp_bf16=dict(pp_size=2, pp_num_micro_batches=4),
               pp_zb=dict(pp_size=2, pp_schedule="zb_h1", pp_num_micro_batches=2),
               dp_pp=dict(dp_replicate_size=2, pp_size=2, pp_num_micro_batches=2),
               tp_pp=dict(tp_size=2, pp_size=2, pp_num_micro_batches=2),
@@ -66,6 +69,9 @@ def main():
                                                     num_micro_batches=4, gradient_clipping=0.0)
     if args.mode == "pp_zb":
         kw["gradient_accumulation_steps"] = 2
+    bf16 = args.mode == "pp_bf16"
+    if bf16:
+        kw["mixed_precision"] = "bf16"
     acc = Accelerator(**kw)
     layout = acc.state.parallel_layout
     dp, dpr, accum = layout.dp_size, layout.dp_rank, acc.gradient_accumulation_steps
@@ -73,6 +79,8 @@ def main():
     model = make_model(tied=args.mode == "pp_zb")
     ref = copy.deepcopy(model)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    fp32_ref = copy.deepcopy(model) if bf16 else None  # the first step's fp32 losses, to tell bf16 from fp32
+    init = {k: v.clone() for k, v in model.state_dict().items()}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(7)
     full = torch.randint(0, VOCAB, (STEPS * dp * B, S), generator=g)
@@ -83,7 +91,16 @@ def main():
     for step, (ids,) in enumerate(loader):
         glob = full[step * dp * B:(step + 1) * dp * B]
         sync = (step + 1) % accum == 0
-        parts = [ref(input_ids=glob[r * B:(r + 1) * B], labels=glob[r * B:(r + 1) * B]).loss for r in range(dp)]
+        if bf16:  # the loop over the pipeline's micro-batches (bf16 rounds each micro-batch's forward on its own)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                parts = [torch.stack([ref(input_ids=mb, labels=mb).loss for mb in glob[r * B:(r + 1) * B].chunk(4)])
+                         .mean() for r in range(dp)]
+        else:
+            parts = [ref(input_ids=glob[r * B:(r + 1) * B], labels=glob[r * B:(r + 1) * B]).loss for r in range(dp)]
+        if fp32_ref is not None and step == 0:
+            with torch.no_grad():
+                first["fp32_loss"] = fp32_ref(input_ids=glob[dpr * B:(dpr + 1) * B],
+                                              labels=glob[dpr * B:(dpr + 1) * B]).loss.item()
         (torch.stack(parts).mean() / accum).backward()
         if sync:
             ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
@@ -101,14 +118,19 @@ def main():
             opt.zero_grad()
         losses.append(out.loss.item())
 
+    tol = 2e-2 if bf16 else 1e-5
+
     @check("losses")
     def _():
         for i, (a, b) in enumerate(zip(losses, ref_losses)):
-            assert abs(a - b) <= 1e-5 * abs(b), (i, a, b)
+            assert abs(a - b) <= tol * abs(b), (i, a, b)
+        if bf16:  # the stages computed in bf16: the first loss sits nearer the autocast loop's than the fp32 one's
+            assert abs(losses[0] - first["fp32_loss"]) > abs(losses[0] - ref_losses[0]), (losses[0], ref_losses[0],
+                                                                                         first["fp32_loss"])
 
     @check("first_step")
     def _():
-        assert abs(first["norm"] - first["ref_norm"]) <= 1e-5 * first["ref_norm"], first
+        assert abs(first["norm"] - first["ref_norm"]) <= tol * first["ref_norm"], first
         held = [p for grp in opt.optimizer.param_groups for p in grp["params"]]
         assert held and all(id(p) in stage for p in held), "the optimizer holds this stage's parameters only"
         assert len(held) < len(list(ref.parameters())), (len(held), len(list(ref.parameters())))
@@ -122,7 +144,12 @@ def main():
         want = ref.state_dict()
         assert sorted(sd) == sorted(want), (sorted(set(sd) ^ set(want)))
         for k, v in want.items():
-            torch.testing.assert_close(sd[k], v, rtol=1e-4, atol=2e-3, msg=lambda m: f"weight {k}: {m}")
+            if bf16:  # element by element, 8 Adam steps at bf16 are chaotic: two one-process bf16 loops that differ
+                # only in micro-batching end 59 % of the training's movement apart on some weight. Losses and the
+                # first clipped norm above are the comparison; here every stage's weights trained and are finite.
+                assert torch.isfinite(sd[k]).all() and not torch.equal(sd[k], init[k]), k
+            else:
+                torch.testing.assert_close(sd[k], v, rtol=1e-4, atol=2e-3, msg=lambda m: f"weight {k}: {m}")
 
     if args.save:
         acc.save_state(args.save)
