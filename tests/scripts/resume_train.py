@@ -1,6 +1,6 @@
 # tests/scripts/resume_train.py: exact-resume check. Trains a small model with dropout, a shuffled loader,
-# AdamW and a scheduler for --total steps; with --stop_at k it saves state after step k and exits; with
-# --resume it loads that state and continues, either HF's way (--mode hf: load_state, then
+# AdamW and a scheduler for --total steps; with --save_at k1,k2,.. it saves state after each of those steps into
+# <ckpt>/step<k> and trains on; with --resume it loads the state in --ckpt and continues, either HF's way (--mode hf: load_state, then
 # skip_first_batches for the rest of the epoch) or automatically (--mode stateful:
 # DataLoaderConfiguration(use_stateful_dataloader=True)). Writes final weights to --out on the main process.
 # Not for: anything but tests/test_resume.py.
@@ -29,7 +29,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--ckpt", required=True)
     p.add_argument("--total", type=int, default=14)
-    p.add_argument("--stop_at", type=int, default=None)
+    p.add_argument("--save_at", default="", help="steps after which to save state (comma-separated)")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--mode", choices=["hf", "stateful"], default="hf")
     args = p.parse_args()
@@ -43,6 +43,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.05 * s))
     model, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)
+    save_at = {int(k) for k in args.save_at.split(",") if k}
     counter = Counter()
     accelerator.register_for_checkpointing(counter)
     if args.resume:
@@ -61,11 +62,8 @@ def main() -> None:
             sched.step()
             opt.zero_grad()
             counter.step += 1
-            if args.stop_at is not None and counter.step == args.stop_at:
-                accelerator.save_state(args.ckpt)
-                accelerator.wait_for_everyone()
-                accelerator.end_training()
-                return
+            if counter.step in save_at:
+                accelerator.save_state(os.path.join(args.ckpt, f"step{counter.step}"))
             if counter.step >= args.total:
                 break
         epoch += 1
