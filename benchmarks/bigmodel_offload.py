@@ -5,7 +5,8 @@
 # tokens; the figure is the median of the forwards after the first, page cache warm). Printed per library: the
 # forward time, the peak RSS growth over the value after imports (VmHWM), the budget and the largest layer; then the
 # ratio HF / ours, and HF / the floor: the same forward with the whole model in memory (no offload), which bounds
-# what any offloading library can gain. Ours reads the next offloaded layer's weights while the current one computes (bigmodel/prefetch.py).
+# what any offloading library can gain. Ours reads the next offloaded layer's weights while the current one computes
+# (bigmodel/prefetch.py).
 # Not for: correctness beyond the logits check (tests/test_bigmodel.py).
 # Run: python benchmarks/bigmodel_offload.py [--hidden 1024 --layers 16 --reps 3 --rounds 3] [--no-record]
 from __future__ import annotations

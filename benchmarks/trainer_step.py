@@ -97,12 +97,13 @@ def worker(args) -> None:
 def launch(impl: str, args, out: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1",
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    script = [os.path.abspath(__file__), "--worker", "--out", out, "--steps", str(args.steps), "--warmup",
-              str(args.warmup)]
+    def script(dest: str) -> list:
+        return [os.path.abspath(__file__), "--worker", "--out", dest, "--steps", str(args.steps), "--warmup",
+                str(args.warmup)]
+
     if impl == "floor":  # two independent processes at once; rank 0's figure
-        procs = [subprocess.Popen([sys.executable, *script[:2], "--floor", "--out", out + str(r), *script[4:]],
-                                  env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for r in range(2)]
+        procs = [subprocess.Popen([sys.executable, *script(out + str(r)), "--floor"], env=env, cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
         for p in procs:
             text, _ = p.communicate(timeout=3600)
             if p.returncode != 0:
@@ -111,10 +112,10 @@ def launch(impl: str, args, out: str) -> dict:
             return json.load(f)
     if impl == "hf":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-               str(free_port()), *script]
+               str(free_port()), *script(out)]
     else:
         cmd = [sys.executable, "-m", "accelerate_c", "launch", "--as_accelerate", "--num_processes", "2",
-               "--main_process_port", "0", *script]
+               "--main_process_port", "0", *script(out)]
     p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
     if p.returncode != 0:
         raise RuntimeError(f"{impl} run failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")

@@ -1,10 +1,10 @@
 # tests/test_pp_accelerator.py: pipeline parallelism through the Accelerator with the DDP loop unchanged (model(**batch)
 # runs the schedule, accelerator.backward is a no-op, clip_grad_norm_ / step / get_state_dict as usual) under
 # ParallelismConfig and MegatronLMPlugin, against the one-process loop (tests/scripts/pp_accel.py: losses 1e-5
-# relative over 8 steps (bf16: 2e-2 against the loop under autocast), the clipped norm, the final logical weights, the optimizer holding the stage only); a
-# checkpoint saved under dp=2 x tp=2 x pp=2 (8 processes) loads bitwise on one process, under pp=2 and under DDP
-# (tests/scripts/tp_load.py); ZeRO-1/2 over the stages of dp_shard=2 x pp=2 (tests/scripts/pp_zero.py) and its checkpoint
-# loaded on one process and under pp=2.
+# relative over 8 steps (bf16: 2e-2 against the loop under autocast), the clipped norm, the final logical weights,
+# the optimizer holding the stage only); a checkpoint saved under dp=2 x tp=2 x pp=2 (8 processes) loads bitwise on
+# one process, under pp=2 and under DDP (tests/scripts/tp_load.py); ZeRO-1/2 over the stages of dp_shard=2 x pp=2
+# (tests/scripts/pp_zero.py) and its checkpoint loaded on one process and under pp=2.
 # Not for: the engine's own checks (test_pipeline_*.py), timing (benchmarks/pp_step.py).
 import json
 import os
@@ -26,9 +26,10 @@ def _check(path, n):
 
 @pytest.mark.parametrize("mode,n", [("pp", 2), ("pp_bf16", 2), ("pp_zb", 2), ("megatron", 4)])
 def test_pipeline_training_matches_one_process(run, tmp_path, mode, n):
-    """pp=2 1F1B with 4 micro-batches, in fp32 and in bf16 (against the loop under autocast); ZB-H1 with gradient accumulation and tied embeddings; MegatronLMPlugin
-    (tp_degree=2 with sequence parallelism, pp_degree=2, num_micro_batches: a later stage receives its slice of the
-    sequence; tp x pp through ParallelismConfig: the dp x tp x pp test)."""
+    """pp=2 1F1B with 4 micro-batches, in fp32 and in bf16 (against the loop under autocast); ZB-H1 with gradient
+    accumulation and tied embeddings; MegatronLMPlugin (tp_degree=2 with sequence parallelism, pp_degree=2,
+    num_micro_batches: a later stage receives its slice of the sequence; tp x pp through ParallelismConfig: the
+    dp x tp x pp test)."""
     run("pp_accel.py", ["--mode", mode, "--out", str(tmp_path)], nproc=n, launcher="accelerate_c", timeout=600)
     _check(tmp_path, n)
 

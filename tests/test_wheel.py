@@ -81,8 +81,9 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     py = str(venv / "bin" / "python")
     # torch first, pinned (a bare requirement would resolve a multi-GB CUDA build); then the wheel and its metadata;
     # no byte-compiling at install (torch's thousands of files: ~12 s here), what runs compiles what it imports
-    _run([py, "-m", "pip", "install", "-q", "--no-compile", "torch==2.13.0"], tmp_path / "torch.log", tmp_path, env, 900)
-    _run([py, "-m", "pip", "install", "-q", "--no-compile", str(wheel)], tmp_path / "install.log", tmp_path, env, 900)
+    install = [py, "-m", "pip", "install", "-q", "--no-compile"]
+    _run(install + ["torch==2.13.0"], tmp_path / "torch.log", tmp_path, env, 900)
+    _run(install + [str(wheel)], tmp_path / "install.log", tmp_path, env, 900)
 
     work = tmp_path / "work"
     work.mkdir()

@@ -117,8 +117,8 @@ def run(mode: str, out: str) -> None:
 
             with safe_open(os.path.join(ckpt, "model.safetensors"), "pt") as fh:
                 keys = sorted(fh.keys())
+        compiled = int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) if mode == "compile" else 0
         with open(os.path.join(out, "losses.json"), "w") as fh:
-            compiled = int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) if mode == "compile" else 0
             json.dump({"losses": record.losses, "files": files, "keys": keys, "graphs": compiled}, fh)
 
 

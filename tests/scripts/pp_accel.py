@@ -70,6 +70,7 @@ def main():
     if args.mode == "pp_zb":
         kw["gradient_accumulation_steps"] = 2
     bf16 = args.mode == "pp_bf16"
+    micro = pc["pp_num_micro_batches"] if bf16 else None
     if bf16:
         kw["mixed_precision"] = "bf16"
     acc = Accelerator(**kw)
@@ -80,7 +81,7 @@ def main():
     ref = copy.deepcopy(model)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     fp32_ref = copy.deepcopy(model) if bf16 else None  # the first step's fp32 losses, to tell bf16 from fp32
-    init = {k: v.clone() for k, v in model.state_dict().items()}
+    init = {k: v.clone() for k, v in model.state_dict().items()} if bf16 else None
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(7)
     full = torch.randint(0, VOCAB, (STEPS * dp * B, S), generator=g)
@@ -93,8 +94,8 @@ def main():
         sync = (step + 1) % accum == 0
         if bf16:  # the loop over the pipeline's micro-batches (bf16 rounds each micro-batch's forward on its own)
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                parts = [torch.stack([ref(input_ids=mb, labels=mb).loss for mb in glob[r * B:(r + 1) * B].chunk(4)])
-                         .mean() for r in range(dp)]
+                parts = [torch.stack([ref(input_ids=mb, labels=mb).loss
+                                      for mb in glob[r * B:(r + 1) * B].chunk(micro)]).mean() for r in range(dp)]
         else:
             parts = [ref(input_ids=glob[r * B:(r + 1) * B], labels=glob[r * B:(r + 1) * B]).loss for r in range(dp)]
         if fp32_ref is not None and step == 0:

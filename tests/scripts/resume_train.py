@@ -1,7 +1,7 @@
 # tests/scripts/resume_train.py: exact-resume check. Trains a small model with dropout, a shuffled loader,
 # AdamW and a scheduler for --total steps; with --save_at k1,k2,.. it saves state after each of those steps into
-# <ckpt>/step<k> and trains on; with --resume it loads the state in --ckpt and continues, either HF's way (--mode hf: load_state, then
-# skip_first_batches for the rest of the epoch) or automatically (--mode stateful:
+# <ckpt>/step<k> and trains on; with --resume it loads the state in --ckpt and continues, either HF's way (--mode hf:
+# load_state, then skip_first_batches for the rest of the epoch) or automatically (--mode stateful:
 # DataLoaderConfiguration(use_stateful_dataloader=True)). Writes final weights to --out on the main process.
 # Not for: anything but tests/test_resume.py.
 import argparse
