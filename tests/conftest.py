@@ -33,14 +33,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-_EMPTY_DIR = tempfile.mkdtemp(prefix="accelerate_c_tests_cfg_")
+# One scratch folder per pytest process: `cfg` stays empty (the config/HF_HOME folder of every launched command) and
+# `tmp` is their TMPDIR (torch's elastic launcher makes a torchelastic_* folder per run and leaves it). Removed when
+# the session ends (pytest_unconfigure, in every xdist worker too) or at the latest at exit.
+_SCRATCH = tempfile.mkdtemp(prefix="accelerate_c_tests_")
+_EMPTY_DIR = os.path.join(_SCRATCH, "cfg")
+_CHILD_TMP = os.path.join(_SCRATCH, "tmp")
+os.makedirs(_EMPTY_DIR)
+os.makedirs(_CHILD_TMP)
 _OWNER_PID = os.getpid()
 
 
 @atexit.register
-def _remove_empty_dir() -> None:  # only in the pytest process, not in a forked child that exits normally
+def _remove_scratch() -> None:  # only in the pytest process, not in a forked child that exits normally
     if os.getpid() == _OWNER_PID:
-        shutil.rmtree(_EMPTY_DIR, ignore_errors=True)
+        shutil.rmtree(_SCRATCH, ignore_errors=True)
+
+
+def pytest_unconfigure(config) -> None:
+    _remove_scratch()
 
 
 def reset_state(mod_name: str) -> None:
@@ -161,6 +172,7 @@ def clean_env(**extra: str) -> dict:
     # no default config file of the machine's (ours or HF's) may change what a test launches
     env["ACCELERATE_C_CONFIG_DIR"] = _EMPTY_DIR
     env["HF_HOME"] = _EMPTY_DIR
+    env["TMPDIR"] = _CHILD_TMP
     env.update(extra)
     return env
 

@@ -5,7 +5,7 @@
 # killed save's folder; the sweeps never touch what a running process, another pid namespace or another name owns.
 # Ranks started by tests/scripts/kill_points.py (forked from one parent: 17 points x 1 run + a chain of 4 runs) and
 # under our launcher (tests/scripts/shm_start.py: 3 launches). Every wait has a deadline; every process's output
-# is in a file shown on failure.
+# is in a file shown on failure. The test suite itself leaves nothing in the temp directory either.
 import json
 import os
 import subprocess
@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from conftest import SCRIPTS, Job, alive, clean_env, finish_all
+from conftest import SCRIPTS, Job, alive, clean_env, finish_all, free_port
 
 from accelerate_c.base import killpoints, leftovers
 from accelerate_c.checkpointing import atomic, interrupted
@@ -188,3 +188,30 @@ def test_kill_at_names_its_points():
     with pytest.raises(ValueError, match="ACCELERATE_C_KILL_AT='save.nowhere'.*save.mid_piece"):
         killpoints._parse("save.nowhere")
     assert killpoints._parse("save.mid_piece@1:launcher") == ("save.mid_piece", 1, True)
+
+
+def test_torchrun_keeps_its_folders_in_the_session_scratch(tmp_path):
+    """A launch started with clean_env() makes its temp folders (torch's elastic launcher: torchelastic_*) in the
+    pytest process's scratch folder, which the session removes; the inner test of the one below."""
+    env = clean_env()
+    before = set(os.listdir(env["TMPDIR"]))
+    job = Job([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+               "--no-python", "true"], tmp_path, "torchrun", env)
+    (rc, _, _), = finish_all([job], 120)
+    assert rc == 0, job.describe()
+    assert any(n.startswith("torchelastic_") for n in set(os.listdir(env["TMPDIR"])) - before), job.describe()
+
+
+def test_a_test_session_leaves_nothing_in_the_temp_directory(tmp_path):
+    """pytest over a torchrun launch, in a TMPDIR of its own: afterwards nothing of the session is left there
+    (before: a torchelastic_* folder per torchrun launch stayed in the machine's temp directory)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(TMPDIR=str(tmp), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "torch-cache"))
+    node = f"{__file__}::test_torchrun_keeps_its_folders_in_the_session_scratch"
+    job = Job([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
+               f"--basetemp={tmp_path / 'basetemp'}", node], tmp_path / "logs", "pytest", env)
+    (rc, _, _), = finish_all([job], 240)
+    assert rc == 0, job.describe()
+    assert sorted(os.listdir(tmp)) == [], job.describe()
