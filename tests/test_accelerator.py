@@ -192,14 +192,39 @@ def test_reset_state_error_text():
         acc.state.device
 
 
+def _sync_sequence(mod_name: str, with_dataloader: int, each_batch: int) -> list:
+    """Per micro-step sync_gradients, accelerator.step and whether the optimizer really stepped, over two epochs of
+    a loader whose length (5) does not divide by the accumulation steps (3)."""
+    mod, utils = importlib.import_module(mod_name), importlib.import_module(f"{mod_name}.utils")
+    plugin = utils.GradientAccumulationPlugin(num_steps=3, sync_with_dataloader=bool(with_dataloader),
+                                              sync_each_batch=bool(each_batch))
+    acc = mod.Accelerator(cpu=True, gradient_accumulation_plugin=plugin)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(5, 2)), batch_size=1)
+        model, opt, loader = acc.prepare(model, opt, loader)
+        seq = []
+        for _epoch in range(2):
+            for (x,) in loader:
+                before = model.weight.detach().clone()
+                with acc.accumulate(model):
+                    acc.backward(model(x).sum())
+                    opt.step()
+                    opt.zero_grad()
+                seq.append((bool(acc.sync_gradients), int(acc.step), not torch.equal(before, model.weight.detach())))
+        return seq
+    finally:
+        reset_state(mod_name)
+
+
 @pytest.mark.parametrize("with_dataloader,each_batch", [(1, 0), (0, 0), (0, 1)])
-def test_gradient_accumulation_plugin_options_as_hf(run, with_dataloader, each_batch):
+def test_gradient_accumulation_plugin_options_as_hf(with_dataloader, each_batch):
     """sync_with_dataloader=False: the end of the loader does not force a sync; the step counter runs on across
     epochs (HF 1.15's _do_sync). Compared per micro-step with HF on the same run."""
-    import json
-    args = ["--sync_with_dataloader", str(with_dataloader), "--sync_each_batch", str(each_batch)]
-    ours = json.loads(run("sync_sequence.py", args + ["--impl", "accelerate_c"]).stdout.strip().splitlines()[-1])
-    hf = json.loads(run("sync_sequence.py", args + ["--impl", "accelerate"]).stdout.strip().splitlines()[-1])
+    ours = _sync_sequence("accelerate_c", with_dataloader, each_batch)
+    hf = _sync_sequence("accelerate", with_dataloader, each_batch)
     assert ours == hf
     assert len(ours) == 10
     if not with_dataloader:  # 5 batches, 3 accumulation steps: the loader's end never syncs by itself
