@@ -49,8 +49,10 @@ def _oom_trace(utils, start: int, limit: int, message: str, **kw) -> tuple:
 @pytest.mark.parametrize("message", ["CUDA out of memory. Tried to allocate 2.00 GiB", "MPS backend out of memory",
                                      "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes"])
 def test_batch_size_search_matches_hf(message):
-    ours, hf = _oom_trace(ac_utils, 128, 40, message), _oom_trace(hf_utils, 128, 40, message)
-    assert ours == hf and ours[1][0] == 128 and ours[1][-1] <= 40
+    # every retry collects garbage: the full 128 -> 40 search once, a short one for the other messages
+    limit = 40 if message.startswith("CUDA") else 110
+    ours, hf = _oom_trace(ac_utils, 128, limit, message), _oom_trace(hf_utils, 128, limit, message)
+    assert ours == hf and ours[1][0] == 128 and ours[1][-1] <= limit and len(ours[1]) >= 2
 
 
 def test_custom_reduce_fn_matches_hf():
