@@ -67,7 +67,8 @@ def test_sharded_construction_on_ranks(tmp_path, nproc):
     """One launch per process count: test_meta_model_trains_like_one_process's cases (a meta model trains like
     one process), test_no_rank_allocates_the_whole_model's runs and, on 2 processes,
     test_stage3_meta_model_saves_what_transformers_loads, test_evaluation_mode_gets_rank0_whole_model,
-    test_from_pretrained_with_cpu_ram_efficient_loading and test_module_without_reset_parameters_is_an_error_on_every_rank
+    test_from_pretrained_with_cpu_ram_efficient_loading and
+    test_module_without_reset_parameters_is_an_error_on_every_rank
     (the checks of each below, each failure named by its case)."""
     group, failures = Group(tmp_path, nproc), []
     checks = []
@@ -75,9 +76,9 @@ def test_sharded_construction_on_ranks(tmp_path, nproc):
         env = {"ACCELERATE_C_COMM": "torch"} if "--torch_comm" in c[4] else None
         extra = [a for a in c[4] if a != "--torch_comm"]
         checks.append(add_case(group, _id(c), *c[:3], extra, _ref_args, env))
-    allocs = [group.add(Case(f"alloc-z{stage}", ["--model", "mlp", "--wrap", "size", "--meta", "all", "--construct_flag",
-                                                 "--steps", "1", "--global_batch", 2 * nproc, "--face", "fsdp",
-                                                 "--stage", stage, "--track_alloc"])) for stage, n in ALLOC if n == nproc]
+    alloc_args = ["--model", "mlp", "--wrap", "size", "--meta", "all", "--construct_flag", "--steps", "1",
+                  "--global_batch", 2 * nproc, "--face", "fsdp", "--track_alloc"]
+    allocs = [group.add(Case(f"alloc-z{stage}", alloc_args + ["--stage", stage])) for stage, n in ALLOC if n == nproc]
     if nproc == 2:
         args = ["--model", "gpt2", "--global_batch", "8", "--meta", "all", "--wrap", "layer"]
         save_ref, saved = group.ref(args + ["--emulate", "2"]), tmp_path / "saved"

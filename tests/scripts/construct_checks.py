@@ -45,7 +45,8 @@ def pretrained(src: str, out: str) -> None:
     invs = acc.gather_for_metrics(inv.detach().clone()[None])
     if acc.is_main_process:
         _write(acc, out, {"meta_before_prepare": flags.tolist(), "loss": loss.item(), "inv_freq": invs.tolist()})
-        save_file({k: v.detach().clone().contiguous() for k, v in sd.items()}, os.path.join(out, "gathered.safetensors"))
+        save_file({k: v.detach().clone().contiguous() for k, v in sd.items()},
+                  os.path.join(out, "gathered.safetensors"))
     acc.wait_for_everyone()
     acc.strategy.close()
 

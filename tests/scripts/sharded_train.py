@@ -27,6 +27,7 @@
 # (model_slices and the optimizer state by optimizer_layout, keyed "<name>@<start>"), statedict<r>.json (what
 # accelerator.get_state_dict gave the rank and the peak bytes it allocated; weights.safetensors holds the fp32
 # weights of strategy.gather_state_dict, as the DeepSpeed face's get_state_dict is 16-bit under --bf16/--fp16).
+# sharded_cases.py runs several of these runs in one process (main(argv), KEEP_PG: the default process group kept).
 import argparse
 import copy as pycopy
 import dataclasses
