@@ -13,6 +13,9 @@
 # is an error on every rank naming it; NO_SHARD (stage 0) gets the whole model from rank 0; transformers'
 # from_pretrained under cpu_ram_efficient_loading (keys missing from the checkpoint: initialised on rank 0, meta on
 # the others) trains one step like one process.
+# Every case of one process count runs in one launch (tests/fold.py): the training cases, the save, the allocation
+# probes and construct_checks.py's edges (evaluation mode, from_pretrained, and last the module without
+# reset_parameters, whose ValueError every rank records); the references in one process beside it.
 # Not for: materialisation on one process (test_materialize.py) or RSS (benchmarks/sharded_init.py).
 import json
 import sys
@@ -22,7 +25,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import SCRIPTS
-from test_sharded_engine import _ref_args, _reference, run_case
+from fold import Case, Group, run_group
+from test_sharded_engine import _ref_args, add_case, check_cases
 
 sys.path.insert(0, SCRIPTS)
 from sharded_train import build  # noqa: E402
@@ -40,6 +44,8 @@ CASES = [  # model, face, stage, nproc, extra
     ("mlp", "ds", 2, 2, ["--meta", "all", "--seed_per_rank", "--wrap", "size", "--bf16"]),
     ("bn", "fsdp", 0, 2, ["--meta", "all", "--seed_per_rank", "--construct_flag", "--optim", "sgd"]),
 ]
+ALLOC = [(3, 2), (3, 3), (2, 2)]  # stage, nproc: test_no_rank_allocates_the_whole_model's runs
+MISSING = ("model.norm.weight", "model.layers.1.mlp.down_proj.weight")
 
 
 def _id(case: tuple) -> str:
@@ -49,11 +55,50 @@ def _id(case: tuple) -> str:
         ("-torchcomm" if "--torch_comm" in extra else "")
 
 
-@pytest.mark.parametrize("model,face,stage,nproc,extra", CASES, ids=[_id(c) for c in CASES])
-def test_meta_model_trains_like_one_process(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra):
-    env = {"ACCELERATE_C_COMM": "torch"} if "--torch_comm" in extra else None
-    extra = [a for a in extra if a != "--torch_comm"]
-    run_case(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra, _ref_args, env=env)
+def _named(failures: list, name: str, check, *args) -> None:
+    try:
+        check(*args)
+    except AssertionError as e:
+        failures.append(f"[{name}] {e}")
+
+
+@pytest.mark.parametrize("nproc", [2, 3], ids=["n2", "n3"])
+def test_sharded_construction_on_ranks(tmp_path, nproc):
+    """One launch per process count: test_meta_model_trains_like_one_process's cases (a meta model trains like
+    one process), test_no_rank_allocates_the_whole_model's runs and, on 2 processes,
+    test_stage3_meta_model_saves_what_transformers_loads, test_evaluation_mode_gets_rank0_whole_model,
+    test_from_pretrained_with_cpu_ram_efficient_loading and
+    test_module_without_reset_parameters_is_an_error_on_every_rank
+    (the checks of each below, each failure named by its case)."""
+    group, failures = Group(tmp_path, nproc), []
+    checks = []
+    for c in [c for c in CASES if c[3] == nproc]:
+        env = {"ACCELERATE_C_COMM": "torch"} if "--torch_comm" in c[4] else None
+        extra = [a for a in c[4] if a != "--torch_comm"]
+        checks.append(add_case(group, _id(c), *c[:3], extra, _ref_args, env))
+    alloc_args = ["--model", "mlp", "--wrap", "size", "--meta", "all", "--construct_flag", "--steps", "1",
+                  "--global_batch", 2 * nproc, "--face", "fsdp", "--track_alloc"]
+    allocs = [group.add(Case(f"alloc-z{stage}", alloc_args + ["--stage", stage])) for stage, n in ALLOC if n == nproc]
+    if nproc == 2:
+        args = ["--model", "gpt2", "--global_batch", "8", "--meta", "all", "--wrap", "layer"]
+        save_ref, saved = group.ref(args + ["--emulate", "2"]), tmp_path / "saved"
+        group.add(Case("save", args + ["--seed_per_rank", "--construct_flag", "--face", "fsdp", "--stage", "3",
+                                       "--save_model", saved]))
+        src = _pretrained(tmp_path / "pretrained")
+        group.add(Case("pretrained", [str(src), str(tmp_path / "pretrained_out")], kind="pretrained",
+                             env={"ACCELERATE_USE_FSDP": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"}))
+        group.add(Case("evalmode", [str(tmp_path / "evalmode")], kind="evalmode"))
+        group.add(Case("noinit", [str(tmp_path / "noinit")], kind="noinit"))  # last: prepare raises
+    run_group(group, timeout=180 + 60 * len(group.cases))
+    check_cases(checks)
+    for case in allocs:
+        _named(failures, case.name, _check_alloc, case.out, nproc)
+    if nproc == 2:
+        _named(failures, "save", _check_saved, save_ref, saved)
+        _named(failures, "pretrained", _check_pretrained, src, tmp_path / "pretrained_out")
+        _named(failures, "evalmode", _check_evalmode, tmp_path / "evalmode")
+        _named(failures, "noinit", _check_noinit, tmp_path / "noinit")
+    assert not failures, "\n".join(failures)
 
 
 def test_meta_seeds_differ_so_rank0_values_are_the_proof():
@@ -68,14 +113,10 @@ def test_meta_seeds_differ_so_rank0_values_are_the_proof():
     assert not torch.equal(models[0]["transformer.h.0.attn.c_attn.weight"], models[1]["transformer.h.0.attn.c_attn.weight"])
 
 
-def test_stage3_meta_model_saves_what_transformers_loads(run, tmp_path, tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    args = ["--model", "gpt2", "--global_batch", "8", "--meta", "all", "--wrap", "layer"]
-    ref = _reference(run, tmp_path_factory, args, 2)
-    got, saved = tmp_path / "got", tmp_path / "saved"
-    run("sharded_train.py", args + ["--seed_per_rank", "--construct_flag", "--face", "fsdp", "--stage", "3",
-                                    "--out", str(got), "--save_model", str(saved)], nproc=2,
-        launcher="accelerate_c", timeout=180)
+def _check_saved(ref, saved) -> None:
+    """test_stage3_meta_model_saves_what_transformers_loads: a stage-3 meta model's save_model loads in
+    transformers (tied head kept) and equals the reference."""
+    import transformers
     loaded = transformers.GPT2LMHeadModel.from_pretrained(str(saved))
     assert loaded.lm_head.weight.data_ptr() == loaded.transformer.wte.weight.data_ptr()
     want = load_file(str(ref / "weights.safetensors"))
@@ -84,64 +125,43 @@ def test_stage3_meta_model_saves_what_transformers_loads(run, tmp_path, tmp_path
         assert torch.allclose(sd[k].float(), v.float(), atol=1e-5, rtol=0), k
 
 
-@pytest.mark.parametrize("stage,nproc", [(3, 2), (3, 3), (2, 2)])
-def test_no_rank_allocates_the_whole_model(run, tmp_path, stage, nproc):
-    """Live tensor storages made by ops during prepare (tracked op by op; the engine's shared-memory buffers are not
-    made by ops): at most one unit plus a shard, far below the whole model of 24 units. Stage 3: rank 0 holds the
-    unit being initialised; the others a shard-sized scratch for what rank 0 sends, plus the unit's (never
-    written) full buffer between its creation and its release to zero bytes. Stage 2: the full parameters are the
-    shared flat buffer, filled in place."""
-    got = tmp_path / "got"
-    run("sharded_train.py", ["--model", "mlp", "--wrap", "size", "--meta", "all", "--construct_flag", "--steps", "1",
-                             "--global_batch", str(2 * nproc), "--face", "fsdp", "--stage", str(stage),
-                             "--track_alloc", "--out", str(got)], nproc=nproc, launcher="accelerate_c", timeout=180)
+def _check_alloc(got, nproc) -> None:
+    """test_no_rank_allocates_the_whole_model: live tensor storages made by ops during prepare (tracked op by op;
+    the engine's shared-memory buffers are not made by ops): at most one unit plus a shard, far below the whole
+    model of 24 units. Stage 3: rank 0 holds the unit being initialised; the others a shard-sized scratch for what
+    rank 0 sends, plus the unit's (never written) full buffer between its creation and its release to zero bytes.
+    Stage 2: the full parameters are the shared flat buffer, filled in place."""
     for r in range(nproc):
         a = json.loads((got / f"alloc{r}.json").read_text())
         assert a["whole"] >= 20 * a["max_unit"], a
         assert 0 < a["peak"] <= a["max_unit"] + a["max_unit"] // nproc + 1024, (r, a)
 
 
-def test_module_without_reset_parameters_is_an_error_on_every_rank(run, tmp_path):
-    script = tmp_path / "noinit.py"
-    script.write_text(
-        "import torch\n"
-        "from accelerate_c import Accelerator, FullyShardedDataParallelPlugin\n"
-        "class NoInit(torch.nn.Module):\n"
-        "    def __init__(self):\n"
-        "        super().__init__()\n"
-        "        self.w = torch.nn.Parameter(torch.zeros(4))\n"
-        "acc = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True))\n"
-        "with torch.device('meta'):\n"
-        "    model = torch.nn.Sequential(torch.nn.Linear(4, 4), NoInit())\n"
-        "try:\n"
-        "    acc.prepare(model)\n"
-        "except ValueError as e:\n"
-        "    print(f'rank {acc.process_index}: {e}', flush=True)\n"
-        "    raise SystemExit(3)\n")
-    with pytest.raises(AssertionError) as info:
-        run(str(script), [], nproc=2, launcher="accelerate_c", timeout=120)
-    text = str(info.value)
-    assert "NoInit ('1')" in text and "reset_parameters" in text, text[-3000:]
-    assert "rank 1: sharded construction: rank 0 cannot initialise" in text, text[-3000:]
+def _check_noinit(out) -> None:
+    """test_module_without_reset_parameters_is_an_error_on_every_rank: prepare raises on every rank, naming the
+    module; rank 1 learns it from rank 0."""
+    errors = [json.loads((out / f"result{r}.json").read_text())["error"] or "" for r in range(2)]
+    assert "NoInit ('1')" in errors[0] and "reset_parameters" in errors[0], errors
+    assert "sharded construction: rank 0 cannot initialise" in errors[1], errors
 
 
-MISSING = ("model.norm.weight", "model.layers.1.mlp.down_proj.weight")
-
-
-def test_from_pretrained_with_cpu_ram_efficient_loading(run, tmp_path):
-    """transformers loads the weights on rank 0 only (the others stay on meta); after prepare and one AdamW step
-    on the same batch everywhere, the loss and the gathered weights equal one process's on the loaded model."""
-    transformers = pytest.importorskip("transformers")
-    src, out = tmp_path / "pretrained", tmp_path / "out"
+def _pretrained(src):
+    """A saved tiny Llama lacking MISSING: keys the checkpoint lacks (a new head, say), which transformers
+    initialises on rank 0 and leaves on the meta device elsewhere (the ranks > 0 load the rest themselves)."""
     build("llama").save_pretrained(str(src))
-    # keys the checkpoint lacks (a new head, say): transformers initialises them on rank 0 and leaves them on the
-    # meta device elsewhere (the ranks > 0 load the rest themselves)
     weights = load_file(str(src / "model.safetensors"))
     for k in MISSING:
         del weights[k]
     save_file(weights, str(src / "model.safetensors"), metadata={"format": "pt"})
-    run("construct_pretrained.py", [str(src), str(out)], nproc=2, launcher="accelerate_c", timeout=180)
-    got = json.loads((out / "result.json").read_text())
+    return src
+
+
+def _check_pretrained(src, out) -> None:
+    """test_from_pretrained_with_cpu_ram_efficient_loading: transformers loads the weights on rank 0 only (the
+    others stay on meta); after prepare and one AdamW step on the same batch everywhere, the loss and the gathered
+    weights equal one process's on the loaded model."""
+    import transformers
+    got = json.loads((out / "result0.json").read_text())
     assert got["meta_before_prepare"] == [0.0, 1.0], got["meta_before_prepare"]
     torch.manual_seed(0)  # as the script's ranks before from_pretrained
     ref = transformers.LlamaForCausalLM.from_pretrained(str(src))
@@ -158,25 +178,8 @@ def test_from_pretrained_with_cpu_ram_efficient_loading(run, tmp_path):
         assert torch.allclose(gathered[k], v, atol=1e-5, rtol=0), k
 
 
-def test_evaluation_mode_gets_rank0_whole_model(run, tmp_path):
-    """prepare_model(evaluation_mode=True) of a meta model (per-rank seeds): the whole model, rank 0's values, on
-    every rank (rank 0 initialises, the others receive)."""
-    script = tmp_path / "evalmode.py"
-    script.write_text(
-        "import sys, torch\n"
-        "from accelerate_c import Accelerator, FullyShardedDataParallelPlugin\n"
-        "from accelerate_c.sharding.materialize import materialize_model\n"
-        "acc = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True))\n"
-        "make = lambda: torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.BatchNorm1d(5), torch.nn.Linear(5, 2))\n"
-        "with torch.device('meta'):\n"
-        "    model, ref = make(), make()\n"
-        "torch.manual_seed(1)\n"
-        "materialize_model(ref)\n"
-        "torch.manual_seed(1 + acc.process_index)\n"
-        "model = acc.prepare_model(model, evaluation_mode=True)\n"
-        "inner = acc.unwrap_model(model)\n"
-        "bad = [k for k, v in ref.state_dict().items() if not torch.equal(v, inner.state_dict()[k])]\n"
-        "print(f'rank {acc.process_index} differs: {bad}', flush=True)\n"
-        "sys.exit(1 if bad else 0)\n")
-    out = run(str(script), [], nproc=2, launcher="accelerate_c", timeout=120)
-    assert "rank 0 differs: []" in out.stdout and "rank 1 differs: []" in out.stdout, out.stdout[-2000:]
+def _check_evalmode(out) -> None:
+    """test_evaluation_mode_gets_rank0_whole_model: prepare_model(evaluation_mode=True) of a meta model (per-rank
+    seeds): the whole model, rank 0's values, on every rank (rank 0 initialises, the others receive)."""
+    for r in range(2):
+        assert json.loads((out / f"result{r}.json").read_text())["differs"] == [], r

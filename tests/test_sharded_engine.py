@@ -12,27 +12,18 @@
 # of the ZeRO formulas.
 # NO_SHARD (stage 0) is our DDP: its run checks only losses and weights. The last "loss" is an eval-mode loss
 # under no_grad after training.
+# The cases of one process count run in one launch one after another (tests/fold.py, scripts/sharded_cases.py), their
+# references in one process beside it; one case runs first and again last in its launch and must come out bit for
+# bit the same (nothing of a case leaks into the next).
 # Not for: the unit/layout arithmetic alone (test_sharded_units.py).
 import json
-import os
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import SCRIPTS, Job, clean_env, describe_all, finish_all, free_port
-
-_REFS: dict = {}
-
-
-def _reference(run, tmp_path_factory, args, nproc):
-    key = (tuple(args), nproc)
-    if key not in _REFS:
-        out = tmp_path_factory.mktemp("ref")
-        run("sharded_train.py", args + ["--emulate", str(nproc), "--out", str(out)], nproc=1, timeout=120)
-        _REFS[key] = out
-    return _REFS[key]
+from conftest import free_port
+from fold import Case, Group, launch_cmd, run_group
 
 
 def _close(a, b, tol, what):
@@ -76,6 +67,9 @@ CASES = [  # model, face, stage, nproc, extra args
 
 TINY_WINDOWS = {"ACCELERATE_C_SHARD_STAGING_MB": "0.001"}
 WINDOWED = {"bn-ds-z2-n3", "gpt2-fsdp-z3-n3-ac", "mlp-fsdp-z3-n2-bf16"}
+# the fold's proof: this case runs first in its launch (nothing ran before it in the processes) and again last
+# (after every other case, with and without staging windows); both runs must agree bit for bit
+AGAIN = "mlp-fsdp-z3-n2-bf16"
 
 
 def _id(case: tuple) -> str:
@@ -83,22 +77,55 @@ def _id(case: tuple) -> str:
     return f"{case[0]}-{case[1]}-z{case[2]}-n{case[3]}{flags}"
 
 
-@pytest.mark.parametrize("model,face,stage,nproc,extra", CASES, ids=[_id(c) for c in CASES])
-def test_stage_trains_like_one_process(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra):
-    # some cases with staging windows of ~1 KiB: every unit is reduce-scattered in many pieces (placement.py)
-    env = TINY_WINDOWS if _id((model, face, stage, nproc, extra)) in WINDOWED else None
-    run_case(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra, _ref_args, env)
+def add_case(group: Group, name: str, model: str, face: str, stage: int, extra: list, ref_args, env=None) -> tuple:
+    """One case of a group: the distributed run and its reference (ref_args(args): the reference's arguments);
+    returns what check_cases needs."""
+    args = ["--model", model, "--global_batch", str(4 * group.nproc)] + extra
+    ref = group.ref(ref_args(args) + ["--emulate", str(group.nproc)])
+    case = group.add(Case(name, args + ["--face", face, "--stage", str(stage)], env=dict(env or {})))
+    return (name, ref, case.out, model, stage, group.nproc, extra)
 
 
-def run_case(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra, ref_args, env=None) -> None:
-    """One case: the reference (ref_args(args): its arguments) and the distributed run (`env`: extra environment
-    variables), then _check."""
-    args = ["--model", model, "--global_batch", str(4 * nproc)] + extra
-    ref = _reference(run, tmp_path_factory, ref_args(args), nproc)
-    got = tmp_path / "got"
-    run("sharded_train.py", args + ["--face", face, "--stage", str(stage), "--out", str(got)], nproc=nproc,
-        launcher="accelerate_c", timeout=180, env=env)
-    _check(ref, got, model, stage, nproc, extra)
+def check_cases(checks: list, check=None) -> None:
+    """Every case checked (`check`: _check's signature), each failure named by its case; fails if any did."""
+    failures = []
+    for name, ref, got, model, stage, nproc, extra in checks:
+        try:
+            (check or _check)(ref, got, model, stage, nproc, extra)
+        except AssertionError as e:
+            failures.append(f"[{name}] {e}")
+    assert not failures, "\n".join(failures)
+
+
+def same_bits(a, b) -> None:
+    """Two runs' losses, weights, per-rank slices and stats are identical (a case alone and folded after others)."""
+    assert json.loads((a / "losses.json").read_text()) == json.loads((b / "losses.json").read_text())
+    for f in sorted(p.name for p in a.iterdir() if p.suffix in (".safetensors", ".json")):
+        if f.endswith(".safetensors"):
+            x, y = load_file(str(a / f)), load_file(str(b / f))
+            assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), f
+        elif not f.startswith("statedict"):  # (its "peak" counts allocations, not results)
+            assert json.loads((a / f).read_text()) == json.loads((b / f).read_text()), f
+
+
+GROUPS = {n: [c for c in CASES if c[3] == n] for n in (2, 3)}
+
+
+@pytest.mark.parametrize("nproc", sorted(GROUPS), ids=[f"n{n}" for n in sorted(GROUPS)])
+def test_stage_trains_like_one_process(tmp_path, nproc):
+    """Every case of one process count in one launch (some with staging windows of ~1 KiB: every unit is
+    reduce-scattered in many pieces, placement.py), each against its reference."""
+    group = Group(tmp_path, nproc)
+    cases = sorted(GROUPS[nproc], key=lambda c: _id(c) != AGAIN)  # AGAIN first
+    checks = [add_case(group, _id(c), *c[:3], c[4], _ref_args, TINY_WINDOWS if _id(c) in WINDOWED else None)
+              for c in cases]
+    again = [c for c in cases if _id(c) == AGAIN]
+    if again:
+        checks.append(add_case(group, AGAIN + "-again", *again[0][:3], again[0][4], _ref_args, TINY_WINDOWS))
+    run_group(group, timeout=120 + 60 * len(cases))
+    check_cases(checks)
+    if again:
+        same_bits(group.root / "got" / AGAIN, group.root / "got" / (AGAIN + "-again"))
 
 
 def _ref_args(args: list) -> list:
@@ -118,21 +145,24 @@ HYBRID = [["--wrap", "layer", "--grad_accum", "2", "--hybrid"],
            "--reduce_fp32"]]
 
 
-@pytest.mark.parametrize("extra", HYBRID, ids=["fp32", "construct-bf16-reduce_fp32"])
-def test_hybrid_shard_across_hosts(run, tmp_path, tmp_path_factory, extra):
+def test_hybrid_shard_across_hosts(tmp_path):
     """HYBRID_SHARD on two "machines" (two launchers on loopback, 2 ranks each): sharded within a host over shared
-    memory, each shard gradient averaged across the hosts; every host holds all shards, the first writes them."""
-    args = ["--model", "gpt2", "--global_batch", "16"] + extra
-    ref = _reference(run, tmp_path_factory, _ref_args(args), 4)
-    got, port = tmp_path / "got", str(free_port())
-    env = clean_env(ACCELERATE_C_RDZV_TIMEOUT="60", **(TINY_WINDOWS if "--bf16" in extra else {}))  # (windows: above)
-    jobs = [Job([sys.executable, "-m", "accelerate_c", "launch", "-q", "--cpu", "--num_processes", "4",
-                 "--num_machines", "2", "--machine_rank", m, "--main_process_ip", "127.0.0.1", "--main_process_port",
-                 port, os.path.join(SCRIPTS, "sharded_train.py"), *args, "--face", "fsdp", "--stage", "3",
-                 "--out", got], tmp_path / "logs", f"machine{m}", env) for m in (0, 1)]
-    results = finish_all(jobs, 240)
-    assert all(rc == 0 for rc, _, _ in results), describe_all(jobs)
-    _check(ref, got, "gpt2", 3, 4, extra, shard_ranks=2)
+    memory, each shard gradient averaged across the hosts; every host holds all shards, the first writes them.
+    Both cases (fp32; construct-bf16-reduce_fp32, with staging windows as above) in one pair of launches."""
+    group = Group(tmp_path, 4)
+    checks = []
+    for name, extra in zip(("fp32", "construct-bf16-reduce_fp32"), HYBRID):
+        args = ["--model", "gpt2", "--global_batch", "16"] + extra
+        ref = group.ref(_ref_args(args) + ["--emulate", "4"])
+        case = group.add(Case(name, args + ["--face", "fsdp", "--stage", "3"],
+                              env=TINY_WINDOWS if "--bf16" in extra else {}))
+        checks.append((name, ref, case.out, "gpt2", 3, 4, extra))
+    port, cases = str(free_port()), tmp_path / "cases.json"
+    launches = [(f"machine{m}", launch_cmd(4, cases, "-q", "--cpu", "--num_machines", "2", "--machine_rank", m,
+                                           "--main_process_ip", "127.0.0.1", "--main_process_port", port))
+                for m in ("0", "1")]
+    run_group(group, timeout=300, env={"ACCELERATE_C_RDZV_TIMEOUT": "60"}, launches=launches)
+    check_cases(checks, lambda *a: _check(*a, shard_ranks=2))
 
 
 def _check_get_state_dict(got, nproc, nkeys):

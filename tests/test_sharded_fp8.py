@@ -14,12 +14,16 @@
 #    under delayed scaling also the same amax histories: they are saved per rank).
 #  - Activation checkpointing under delayed scaling (one process, torch's checkpoint with fp8's context_fn): the
 #    recomputation quantises with the forward's scales, so gradients and amax histories equal the plain run's.
+# The distributed runs are cases of one 2-rank launch, the references one process (tests/fold.py); the mlp case runs
+# first and again last in the launch and must agree bit for bit (fp8 scaling state does not leak between cases).
 # Not for: FP8Linear's numerics alone (test_precision.py) or the engine without fp8 (test_sharded_engine.py).
 import json
 
-import pytest
 import torch
 from safetensors.torch import load_file
+
+from fold import Case, Group, run_group
+from test_sharded_engine import same_bits
 
 # Tolerance against the emulated ranks. With fp32 reduction the two runs do the same operations: exact but for
 # summation order. With bf16 reduction the engine rounds the summed gradient to bf16 where the reference sums in
@@ -42,16 +46,7 @@ CASES = [  # model, face, stage, extra args, reduce dtype
     ("llama", "fsdp", 3, ["--wrap", "llayer", "--reduce_fp32", "--ac", "--meta", "all",
                           "--fp8_recipe", "HYBRID:delayed:4"], "fp32"),
 ]
-_RUNS: dict = {}
-
-
-def _run_once(run, tmp_path_factory, args, **kw):
-    key = (tuple(args), tuple(sorted(kw.items())))
-    if key not in _RUNS:
-        out = tmp_path_factory.mktemp("run")
-        run("sharded_train.py", args + ["--out", str(out)], **kw)
-        _RUNS[key] = out
-    return _RUNS[key]
+AGAIN = 3  # CASES[AGAIN] runs first and again last
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -63,18 +58,41 @@ def _results(out):
     return json.loads((out / "losses.json").read_text()), load_file(str(out / "weights.safetensors"))
 
 
-def _distributed(run, tmp_path_factory, model, face, stage, extra):
-    args = ["--model", model, "--global_batch", "8", "--optim", "sgd", "--fp8"] + extra
-    return _run_once(run, tmp_path_factory, args + ["--face", face, "--stage", str(stage)], nproc=2,
-                     launcher="accelerate_c", timeout=240)
+def _id(c: tuple) -> str:
+    return f"{c[0]}-{c[1]}-z{c[2]}-{c[4]}{'-ac-meta' if '--ac' in c[3] else ''}"
 
 
-@pytest.mark.parametrize("model,face,stage,extra,rdt", CASES, ids=[f"{c[0]}-{c[1]}-z{c[2]}-{c[4]}{'-ac-meta' if '--ac' in c[3] else ''}" for c in CASES])
-def test_fp8_sharded_matches_emulated_ranks(run, tmp_path_factory, model, face, stage, extra, rdt):
-    got = _distributed(run, tmp_path_factory, model, face, stage, extra)
-    ref_args = ["--model", model, "--global_batch", "8", "--optim", "sgd", "--fp8"] + \
-        [a for a in extra if a not in ("--reduce_fp32", "--resume_check", "--ac")]  # (same math)
-    ref = _run_once(run, tmp_path_factory, ref_args + ["--emulate", "2"], nproc=1, timeout=120)
+def test_fp8_sharded_on_two_ranks(tmp_path):
+    """One launch: every CASES run checked by _check_emulated (test_fp8_sharded_matches_emulated_ranks), CASES[0]'s
+    also by _check_one_process (test_fp8_sharded_against_one_process), CASES[AGAIN] run twice (first, last)."""
+    group, failures = Group(tmp_path, 2), []
+    base = ["--model", "llama", "--global_batch", "8", "--optim", "sgd", "--wrap", "llayer"]
+    refs = {"one": group.ref(base + ["--one_process", "--fp8"]), "fp32": group.ref(base + ["--one_process"]),
+            "bf16": group.ref(base + ["--emulate", "2", "--bf16"])}
+    runs = []
+    for c in [CASES[AGAIN]] + [c for i, c in enumerate(CASES) if i != AGAIN]:
+        model, face, stage, extra, rdt = c
+        args = ["--model", model, "--global_batch", "8", "--optim", "sgd", "--fp8"]
+        ref = group.ref(args + [a for a in extra if a not in ("--reduce_fp32", "--resume_check", "--ac")] +
+                        ["--emulate", "2"])  # (same math)
+        case = group.add(Case(_id(c), args + extra + ["--face", face, "--stage", str(stage)]))
+        runs.append((c, ref, case.out))
+    again = group.add(Case(_id(CASES[AGAIN]) + "-again", group.cases[0].argv[:-2]))
+    run_group(group, timeout=180 + 60 * len(group.cases))
+    checks = [(_id(c), _check_emulated, ref, got, *c[:4], c[4]) for c, ref, got in runs]
+    checks.append(("one-process", _check_one_process, runs[1][2], refs))
+    checks.append(("fold", same_bits, runs[0][2], again.out))
+    for name, check, *args in checks:
+        try:
+            check(*args)
+        except AssertionError as e:
+            failures.append(f"[{name}] {e}")
+    assert not failures, "\n".join(failures)
+
+
+def _check_emulated(ref, got, model, face, stage, extra, rdt) -> None:
+    """test_fp8_sharded_matches_emulated_ranks: losses and weights against the emulated ranks, the fp8 layers,
+    their views, bytes per step, the per-rank scaling state and the resume round trip."""
     (la, wa), (lb, wb) = _results(ref), _results(got)
     tol = _TOL[rdt]
     assert len(la) == len(lb) == 5
@@ -116,7 +134,7 @@ def test_fp8_sharded_matches_emulated_ranks(run, tmp_path_factory, model, face, 
             assert rec["losses"][0] == rec["losses"][1] and rec["same_weights"] and rec["same_fp8"], (r, rec)
 
 
-def test_fp8_sharded_against_one_process(run, tmp_path_factory):
+def _check_one_process(got, refs: dict) -> None:
     """The reference the user knows: the same script on ONE process with mixed_precision="fp8" (fp32 weights, the
     whole global batch). Under FSDP/DeepSpeed, fp8 also means a bf16 compute copy (HF: FSDP's / DeepSpeed's bf16
     policy under fp8), so the sharded run's distance from the fp32 run is bounded by what each adds on its own:
@@ -124,11 +142,7 @@ def test_fp8_sharded_against_one_process(run, tmp_path_factory):
     fp32). Weights (a max over 17k elements) get a factor 1.5 for errors that do not add up exactly; losses are
     single numbers whose fp8 rounding errors have random sign (one-process fp8: 2.4e-5 at step 0, 7.7e-4 at step
     1), so the max over 5 steps is a noisy scale: factor 3 (measured: 1.7x). fp8 must have changed the run."""
-    got = _distributed(run, tmp_path_factory, *CASES[0][:4])
-    base = ["--model", "llama", "--global_batch", "8", "--optim", "sgd", "--wrap", "llayer"]
-    one = _run_once(run, tmp_path_factory, base + ["--one_process", "--fp8"], nproc=1, timeout=120)
-    fp32 = _run_once(run, tmp_path_factory, base + ["--one_process"], nproc=1, timeout=120)
-    bf16 = _run_once(run, tmp_path_factory, base + ["--emulate", "2", "--bf16"], nproc=1, timeout=120)
+    one, fp32, bf16 = refs["one"], refs["fp32"], refs["bf16"]
     (l8, w8), (l32, w32), (lb, wb), (ls, ws) = _results(one), _results(fp32), _results(bf16), _results(got)
 
     def dist(la: list, wa: dict) -> tuple:

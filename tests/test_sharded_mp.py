@@ -10,6 +10,7 @@
 #  - the FSDP face maps FSDP1's MixedPrecision._module_classes_to_ignore (default BatchNorm, () keeps none);
 #  - DeepSpeed's communication_data_type -> reduce_dtype: the bytes reduce-scattered per step show the dtype.
 # Tolerances: tests/test_sharded_engine.py's bf16 ones (fp16 cases use them too: fp16 rounds finer than bf16).
+# Every distributed run of this file is a case of one 2-rank launch (tests/fold.py), the references one process.
 # Not for: buffer_dtype / reduce_dtype through the FSDP face (test_sharded_shardc.py), fp16 overflow agreement
 # (test_sharded_fp16.py).
 import json
@@ -17,7 +18,9 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_sharded_engine import _check, _reference
+
+from fold import Case, Group, run_group
+from test_sharded_engine import _check
 
 SGD = ["--optim", "sgd", "--clip", "0.5"]  # (BNNet with AdamW: see test_the_reported_command_trains)
 # Accumulation: once under bf16 (BNNet z3). Measured, not asserted: BNNet fp16 with --grad_accum 2 ends 2.2e-3 from
@@ -54,14 +57,8 @@ def _dtypes_ok(got, model: str, low: str, nproc: int) -> None:
         assert v.dtype in (torch.float32, torch.int64), (k, v.dtype)
 
 
-@pytest.mark.parametrize("model,face,stage,nproc,extra", CASES, ids=[_id(c) for c in CASES])
-def test_mixed_precision_edges_train_like_one_process(run, tmp_path, tmp_path_factory, model, face, stage, nproc,
-                                                      extra):
-    args = ["--model", model, "--global_batch", str(4 * nproc)] + extra
-    ref = _reference(run, tmp_path_factory, args, nproc)
-    got = tmp_path / "got"
-    run("sharded_train.py", args + ["--face", face, "--stage", str(stage), "--out", str(got)], nproc=nproc,
-        launcher="accelerate_c", timeout=180)
+def _check_edges(ref, got, model, stage, nproc, extra) -> None:
+    """test_mixed_precision_edges_train_like_one_process: _check and the dtypes during the run."""
     fp16 = "--fp16" in extra
     # _check reads "--bf16" as "2-byte collectives, bf16 tolerances": true of fp16 too
     # SGD's momentum buffers sum whole clipped gradients (~0.5 here), reduced in bf16 against the reference's fp32
@@ -71,16 +68,12 @@ def test_mixed_precision_edges_train_like_one_process(run, tmp_path, tmp_path_fa
     _dtypes_ok(got, model, "torch.float16" if fp16 else "torch.bfloat16", nproc)
 
 
-def test_the_reported_command_trains(run, tmp_path, tmp_path_factory):
-    """`--model bn --bf16 --stage 2` (FSDP face, AdamW) failed at its first forward in batch_norm. Losses and weights
-    against the reference, except the two Linear biases that feed a BatchNorm: their true gradient is zero (the
-    BatchNorm subtracts the batch mean), so what they get is rounding noise, which AdamW's normalisation turns into
-    steps of about lr either way; the rest is within the bf16 tolerance."""
-    args = ["--model", "bn", "--bf16", "--global_batch", "12"]
-    ref = _reference(run, tmp_path_factory, args, 2)
-    got = tmp_path / "got"
-    run("sharded_train.py", ["--model", "bn", "--bf16", "--stage", "2", "--out", str(got)], nproc=2,
-        launcher="accelerate_c", timeout=180)
+def _check_reported(ref, got) -> None:
+    """test_the_reported_command_trains: `--model bn --bf16 --stage 2` (FSDP face, AdamW) failed at its first
+    forward in batch_norm. Losses and weights against the reference, except the two Linear biases that feed a
+    BatchNorm: their true gradient is zero (the BatchNorm subtracts the batch mean), so what they get is rounding
+    noise, which AdamW's normalisation turns into steps of about lr either way; the rest is within the bf16
+    tolerance."""
     la, lb = json.loads((ref / "losses.json").read_text()), json.loads((got / "losses.json").read_text())
     assert len(la) == len(lb) == 5
     for i, (x, y) in enumerate(zip(la, lb)):
@@ -92,6 +85,36 @@ def test_the_reported_command_trains(run, tmp_path, tmp_path_factory):
             continue
         assert (wa[k].float() - wb[k].float()).abs().max().item() <= 2e-3, k
     _dtypes_ok(got, "bn", "torch.bfloat16", 2)
+
+
+def test_mixed_precision_on_two_ranks(tmp_path):
+    """One launch: test_mixed_precision_edges_train_like_one_process's CASES, the reported command and
+    test_deepspeed_communication_data_type's COMM_CASES, each checked against its reference (failures named)."""
+    group, checks = Group(tmp_path, 2), []
+    for c in CASES:
+        model, face, stage, nproc, extra = c
+        args = ["--model", model, "--global_batch", str(4 * nproc)] + extra
+        case = group.add(Case(_id(c), args + ["--face", face, "--stage", str(stage)]))
+        checks.append((case.name, _check_edges, group.ref(args + ["--emulate", "2"]), case.out, model, stage, nproc,
+                       extra))
+    case = group.add(Case("reported", ["--model", "bn", "--bf16", "--stage", "2"]))
+    checks.append((case.name, _check_reported, group.ref(["--model", "bn", "--bf16", "--global_batch", "12",
+                                                         "--emulate", "2"]), case.out))
+    for c in COMM_CASES:
+        stage, extra, csize, rsize = c
+        args = ["--model", "mlp", "--wrap", "size", "--global_batch", "8"] + extra
+        i = args.index("--ds_comm")
+        case = group.add(Case(_comm_id(c), args + ["--face", "ds", "--stage", str(stage)]))
+        checks.append((case.name, _check_comm, group.ref(args[:i] + args[i + 2:] + ["--emulate", "2"]), case.out,
+                       stage, extra, csize, rsize))
+    run_group(group, timeout=180 + 60 * len(group.cases))
+    failures = []
+    for name, check, *args in checks:
+        try:
+            check(*args)
+        except AssertionError as e:
+            failures.append(f"[{name}] {e}")
+    assert not failures, "\n".join(failures)
 
 
 def test_fsdp1_module_classes_to_ignore_mapped():
@@ -124,20 +147,15 @@ COMM_CASES = [  # stage, extra, compute bytes/element, reduce bytes/element
 ]
 
 
-@pytest.mark.parametrize("stage,extra,csize,rsize", COMM_CASES,
-                         ids=[f"z{c[0]}-{'bf16' if '--bf16' in c[1] else 'fp32'}-comm-{c[1][c[1].index('--ds_comm') + 1]}"
-                              for c in COMM_CASES])
-def test_deepspeed_communication_data_type(run, tmp_path, tmp_path_factory, stage, extra, csize, rsize):
-    """communication_data_type through the DeepSpeed face is the engine's reduce_dtype: the reduce-scatter moves it
-    (counted bytes per step), the all-gather the compute copy; training within the bf16 tolerances of the reference
-    (the same compute copies, gradients summed in fp32)."""
+def _comm_id(c: tuple) -> str:
+    return f"z{c[0]}-{'bf16' if '--bf16' in c[1] else 'fp32'}-comm-{c[1][c[1].index('--ds_comm') + 1]}"
+
+
+def _check_comm(ref, got, stage, extra, csize, rsize) -> None:
+    """test_deepspeed_communication_data_type: communication_data_type through the DeepSpeed face is the engine's
+    reduce_dtype: the reduce-scatter moves it (counted bytes per step), the all-gather the compute copy; training
+    within the bf16 tolerances of the reference (the same compute copies, gradients summed in fp32)."""
     nproc = 2
-    args = ["--model", "mlp", "--wrap", "size", "--global_batch", str(4 * nproc)] + extra
-    i = args.index("--ds_comm")
-    ref = _reference(run, tmp_path_factory, args[:i] + args[i + 2:], nproc)
-    got = tmp_path / "got"
-    run("sharded_train.py", args + ["--face", "ds", "--stage", str(stage), "--out", str(got)], nproc=nproc,
-        launcher="accelerate_c", timeout=180)
     la, lb = json.loads((ref / "losses.json").read_text()), json.loads((got / "losses.json").read_text())
     assert len(la) == len(lb) > 0
     for k, (x, y) in enumerate(zip(la, lb)):

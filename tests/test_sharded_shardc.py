@@ -9,12 +9,16 @@
 # reduce-scatter in the reduce dtype, the all-gather in the compute dtype). And the C paths (pack kernel, fused step
 # writing the compute copy) against the torch copies + separate cast (ACCELERATE_C_SHARD_KERNELS=0) on the same
 # run: losses and weights bit for bit.
+# The distributed runs of one process count are cases of one launch (the C-path runs set ACCELERATE_C_SHARD_KERNELS
+# per case: read at every call), the references one process (tests/fold.py).
 # Not for: the kernels alone (tests/test_shard_kernels.py) or same-dtype runs (tests/test_sharded_engine.py).
 import json
 
 import pytest
 from safetensors.torch import load_file
-from test_sharded_engine import _assemble, _close, _reference
+
+from fold import Case, Group, run_group
+from test_sharded_engine import _assemble, _close
 
 CASES = [  # model, face, stage, nproc, extra args
     ("mlp", "ds", 1, 2, ["--wrap", "size", "--bf16", "--reduce_fp32", "--grad_accum", "2"]),
@@ -35,13 +39,39 @@ def _args(model, nproc, extra):
     return ["--model", model, "--global_batch", str(4 * nproc)] + extra
 
 
-@pytest.mark.parametrize("model,face,stage,nproc,extra", CASES, ids=[_id(c) for c in CASES])
-def test_mixed_dtypes_train_like_one_process(run, tmp_path, tmp_path_factory, model, face, stage, nproc, extra):
-    args = _args(model, nproc, extra)
-    ref = _reference(run, tmp_path_factory, args, nproc)
-    got = tmp_path / "got"
-    run("sharded_train.py", args + ["--face", face, "--stage", str(stage), "--out", str(got)], nproc=nproc,
-        launcher="accelerate_c", timeout=180)
+C_PATHS = [(3, ["--wrap", "size", "--reduce_fp32", "--grad_accum", "2"]), (1, ["--wrap", "size", "--optim", "sgd"])]
+
+
+@pytest.mark.parametrize("nproc", [2, 3], ids=["n2", "n3"])
+def test_shardc_on_ranks(tmp_path, nproc):
+    """One launch per process count: test_mixed_dtypes_train_like_one_process's CASES and, on 2 processes,
+    test_c_paths_equal_torch_copies_bitwise's runs (each stage with the C paths and without), failures named."""
+    group, checks = Group(tmp_path, nproc), []
+    for c in [c for c in CASES if c[3] == nproc]:
+        model, face, stage, _, extra = c
+        args = _args(model, nproc, extra)
+        case = group.add(Case(_id(c), args + ["--face", face, "--stage", str(stage)]))
+        checks.append((case.name, _check_mixed, group.ref(args + ["--emulate", str(nproc)]), case.out, model, face,
+                       stage, nproc, extra))
+    if nproc == 2:
+        for stage, extra in C_PATHS:
+            face = "ds" if stage == 1 else "fsdp"
+            outs = {flag: group.add(Case(f"cpaths-z{stage}-k{flag}", _args("mlp", 2, ["--bf16"] + extra) +
+                                         ["--face", face, "--stage", str(stage)],
+                                         env={"ACCELERATE_C_SHARD_KERNELS": flag})).out for flag in ("1", "0")}
+            checks.append((f"cpaths-z{stage}", _check_c_paths, outs))
+    run_group(group, timeout=180 + 60 * len(group.cases))
+    failures = []
+    for name, check, *args in checks:
+        try:
+            check(*args)
+        except AssertionError as e:
+            failures.append(f"[{name}] {e}")
+    assert not failures, "\n".join(failures)
+
+
+def _check_mixed(ref, got, model, face, stage, nproc, extra) -> None:
+    """test_mixed_dtypes_train_like_one_process: losses, weights, optimizer state, bytes per step, buffer dtypes."""
     reduce_fp32, reduce_bf16 = "--reduce_fp32" in extra, "--reduce_bf16" in extra
     # the existing bf16 tolerances: the reference's per-rank gradients are of loss / (accumulation * ranks), rounded
     # to bf16 before its fp32 sum, ours of loss / accumulation (averaged in the reduction)
@@ -75,19 +105,10 @@ def test_mixed_dtypes_train_like_one_process(run, tmp_path, tmp_path_factory, mo
                 assert str(v.dtype) == "torch.float32", (k, v.dtype)
 
 
-@pytest.mark.parametrize("stage,extra", [(3, ["--wrap", "size", "--reduce_fp32", "--grad_accum", "2"]),
-                                         (1, ["--wrap", "size", "--optim", "sgd"])], ids=["z3-adamw", "z1-sgd"])
-def test_c_paths_equal_torch_copies_bitwise(run, tmp_path, stage, extra):
-    """The pack kernel and the fused step writing the compute copy against the torch copies and the separate
-    master -> compute cast: the same run bit for bit (losses follow the compute copy, weights the masters)."""
-    face = "ds" if stage == 1 else "fsdp"
-    outs = {}
-    for flag in ("1", "0"):
-        out = tmp_path / f"k{flag}"
-        run("sharded_train.py", _args("mlp", 2, ["--bf16"] + extra) + ["--face", face, "--stage", str(stage),
-                                                                       "--out", str(out)],
-            nproc=2, launcher="accelerate_c", timeout=180, env={"ACCELERATE_C_SHARD_KERNELS": flag})
-        outs[flag] = out
+def _check_c_paths(outs: dict) -> None:
+    """test_c_paths_equal_torch_copies_bitwise: the pack kernel and the fused step writing the compute copy against
+    the torch copies and the separate master -> compute cast: the same run bit for bit (losses follow the compute
+    copy, weights the masters)."""
     la, lb = (json.loads((outs[f] / "losses.json").read_text()) for f in ("1", "0"))
     assert la == lb
     wa, wb = (load_file(str(outs[f] / "weights.safetensors")) for f in ("1", "0"))

@@ -27,6 +27,7 @@
 # (model_slices and the optimizer state by optimizer_layout, keyed "<name>@<start>"), statedict<r>.json (what
 # accelerator.get_state_dict gave the rank and the peak bytes it allocated; weights.safetensors holds the fp32
 # weights of strategy.gather_state_dict, as the DeepSpeed face's get_state_dict is 16-bit under --bf16/--fp16).
+# sharded_cases.py runs several of these runs in one process (main(argv), KEEP_PG: the default process group kept).
 import argparse
 import copy as pycopy
 import dataclasses
@@ -39,6 +40,7 @@ from safetensors.torch import save_file
 
 from ddp_semantics import BNNet, chunk
 
+KEEP_PG = False  # sharded_cases.py: several runs in one process share the default process group
 WRAPS = {"no": ("no_wrap", (), 0), "layer": ("transformer_based_wrap", ("GPT2Block",), 0),
          "size": ("size_based_wrap", (), 1000), "llayer": ("transformer_based_wrap", ("LlamaDecoderLayer",), 0)}
 
@@ -395,8 +397,7 @@ def distributed(args: argparse.Namespace) -> None:
         statedict_report(args, acc, model, sd)
         if acc.is_main_process:
             write(args, losses, sd, {})
-        acc.wait_for_everyone()
-        acc.end_training()
+        finish(acc)
         return
     state_bytes = strategy.model_state_bytes(opts)
     engine = strategy.engines[0]
@@ -444,8 +445,17 @@ def distributed(args: argparse.Namespace) -> None:
         acc.save_model(model, args.save_model)
         if acc.is_main_process and hasattr(acc.unwrap_model(model), "config"):
             acc.unwrap_model(model).config.save_pretrained(args.save_model)
+    finish(acc)
+
+
+def finish(acc: Any) -> None:
+    """The end of a run: end_training, or under sharded_cases.py (KEEP_PG) the strategy closed and the default
+    process group kept for the next case."""
     acc.wait_for_everyone()
-    acc.end_training()
+    if KEEP_PG:
+        acc.strategy.close()
+    else:
+        acc.end_training()
 
 
 def resume_check(args: argparse.Namespace, acc: Any, model: torch.nn.Module, opts: list) -> None:
@@ -508,7 +518,7 @@ def write(args: argparse.Namespace, losses: list, sd: dict, optim: dict) -> None
         save_file({k: v.contiguous() for k, v in optim.items()}, os.path.join(args.out, "optim.safetensors"))
 
 
-def main() -> None:
+def main(argv: "list | None" = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", choices=("bn", "gpt2", "mlp", "llama", "bnmp"), default="bn")
     p.add_argument("--stage", type=int, default=3)
@@ -545,7 +555,7 @@ def main() -> None:
     p.add_argument("--resume_check", action="store_true", help="save_state / load_state round trip after training")
     p.add_argument("--emulate", type=int, default=0, help="the single-process reference of N ranks")
     p.add_argument("--out", required=True)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_num_threads(1)
     (emulate if args.emulate else one_process if args.one_process else distributed)(args)
 
