@@ -23,12 +23,16 @@
 # micro-step T. Each rank writes record<r>.json: (skipped, scale) after each of its synced steps and its scale after
 # the join. The reference's rules: the same fp16 copies (sharded_train.compute_copy), gradients unscaled in fp32, a
 # step with a non-finite gradient skipped (the gradients still zeroed) and the scale halved.
+# --cases FILE: several runs one after another in the same processes (tests/scripts/fold_cases.py).
 import argparse
 import json
 import os
+import sys
 
 import torch
 from safetensors.torch import save_file
+
+from fold_cases import end_case, run_cases
 
 
 def build() -> torch.nn.Module:
@@ -175,7 +179,7 @@ def loader_dataset(steps: list) -> torch.utils.data.TensorDataset:
     return torch.utils.data.TensorDataset(torch.cat(xs), torch.cat(ys))
 
 
-def distributed(steps: list, ga: int, out: str, args: argparse.Namespace) -> None:
+def distributed(steps: list, ga: int, out: str, args: argparse.Namespace, last: bool = True) -> None:
     if args.hf:  # HF Accelerate itself, on torch DDP + torch's Join
         from accelerate import Accelerator
     else:
@@ -251,7 +255,7 @@ def distributed(steps: list, ga: int, out: str, args: argparse.Namespace) -> Non
         assert all(torch.equal(every[0], every[i]) for i in range(acc.num_processes)), "ranks ended with different weights"
         save(out, r, None, losses, sd)
         acc.wait_for_everyone()
-        acc.end_training()
+        end_case(acc, last)
         return
     inner = acc.unwrap_model(model)
     flat = torch.cat([p.detach().reshape(-1) for p in inner.parameters()]).unsqueeze(0)
@@ -259,10 +263,10 @@ def distributed(steps: list, ga: int, out: str, args: argparse.Namespace) -> Non
     assert all(torch.equal(every[0], every[i]) for i in range(acc.num_processes)), "ranks ended with different weights"
     save(out, r, inner, losses)
     acc.wait_for_everyone()
-    acc.end_training()
+    end_case(acc, last)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     p.add_argument("--steps_per_rank", required=True, help="comma-separated micro-steps of each rank")
     p.add_argument("--grad_accum", type=int, default=1)
@@ -283,13 +287,26 @@ def main() -> None:
     p.add_argument("--drop_unsynced", action="store_true", help="--emulate with torch DDP's rule (stage 0): a rank "
                    "that runs out mid-accumulation has its unsynced micro-batches dropped (a deferred lone sync "
                    "at its last batch still counts)")
-    args = p.parse_args()
-    torch.set_num_threads(1)
+    return p
+
+
+def run(args: argparse.Namespace, last: bool = True) -> None:
     steps = [int(s) for s in args.steps_per_rank.split(",")]
     if args.loader:
         world = len(steps)
         assert steps == [len(range(r, sum(steps), world)) for r in range(world)], "--loader deals batches round robin"
-    (emulate if args.emulate else distributed)(steps, args.grad_accum, args.out, args)
+    if args.emulate:
+        emulate(steps, args.grad_accum, args.out, args)
+    else:
+        distributed(steps, args.grad_accum, args.out, args, last)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    if sys.argv[1:2] == ["--cases"]:  # several runs in these processes, one after another (fold_cases.py)
+        run_cases(sys.argv[2], lambda argv, last: run(parser().parse_args(argv), last))
+    else:
+        run(parser().parse_args())
 
 
 if __name__ == "__main__":
