@@ -7,7 +7,7 @@
 # ACCELERATE_C_* settings are read when an Accelerator is built; the plugins' ACCELERATE_USE_* switches are
 # dropped), and the cached communication groups closed (they are built anew, reading the case's settings), while
 # the default process group lives on. A case that is not the last ends as end_training does, without destroying
-# the default group. tests/fold.py writes the file and lays out each case's output folder.
+# the default group. tests/fold.py writes the file, lays out each case's output folder and splits the output.
 # Not for: anything a test checks (the scripts do the work; this only sequences them).
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ import json
 import os
 import sys
 from typing import Any, Callable
+
+# A line each process prints to stdout and stderr as it begins case i. A case ends with a barrier on every rank, so
+# everything case i prints lies between the first mark of i and the first mark of i + 1.
+MARK = "fold_cases: begins case "
 
 
 def reset_state() -> None:
@@ -27,10 +31,10 @@ def reset_state() -> None:
             state.GradientState._reset_state()
 
 
-def end_case(acc: Any, last: bool) -> None:
+def end_case(acc: Any, final: bool) -> None:
     """acc.end_training() for the last case; before that, what it does except destroying the default process
     group (trackers finished, the strategy's resources released, the cached groups closed, a barrier)."""
-    if last:
+    if final:
         acc.end_training()
         return
     import torch.distributed as dist
@@ -54,7 +58,7 @@ def load_cases(path: str) -> list[dict]:
 
 
 def run_cases(path: str, body: Callable[[list, bool], None]) -> None:
-    """body(args, last) for every case of the file `path`, in order, with the state reset between cases."""
+    """body(args, final) for every case of the file `path`, in order, with the state reset between cases."""
     cases = load_cases(path)
     start = dict(os.environ)
     for i, case in enumerate(cases):
@@ -62,6 +66,8 @@ def run_cases(path: str, body: Callable[[list, bool], None]) -> None:
         os.environ.update(start)
         os.environ.update({k: str(v) for k, v in case.get("env", {}).items()})
         reset_state()
+        for stream in (sys.stdout, sys.stderr):  # where case i's output begins (tests/fold.py: case_output)
+            print(f"{MARK}{i}", file=stream, flush=True)
         body(list(case["args"]), i == len(cases) - 1)
     reset_state()
     os.environ.clear()

@@ -179,7 +179,7 @@ def loader_dataset(steps: list) -> torch.utils.data.TensorDataset:
     return torch.utils.data.TensorDataset(torch.cat(xs), torch.cat(ys))
 
 
-def distributed(steps: list, ga: int, out: str, args: argparse.Namespace, last: bool = True) -> None:
+def distributed(steps: list, ga: int, out: str, args: argparse.Namespace, final: bool = True) -> None:
     if args.hf:  # HF Accelerate itself, on torch DDP + torch's Join
         from accelerate import Accelerator
     else:
@@ -255,7 +255,7 @@ def distributed(steps: list, ga: int, out: str, args: argparse.Namespace, last: 
         assert all(torch.equal(every[0], every[i]) for i in range(acc.num_processes)), "ranks ended with different weights"
         save(out, r, None, losses, sd)
         acc.wait_for_everyone()
-        end_case(acc, last)
+        end_case(acc, final)
         return
     inner = acc.unwrap_model(model)
     flat = torch.cat([p.detach().reshape(-1) for p in inner.parameters()]).unsqueeze(0)
@@ -263,7 +263,7 @@ def distributed(steps: list, ga: int, out: str, args: argparse.Namespace, last: 
     assert all(torch.equal(every[0], every[i]) for i in range(acc.num_processes)), "ranks ended with different weights"
     save(out, r, inner, losses)
     acc.wait_for_everyone()
-    end_case(acc, last)
+    end_case(acc, final)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -290,7 +290,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace, last: bool = True) -> None:
+def run(args: argparse.Namespace, final: bool = True) -> None:
     steps = [int(s) for s in args.steps_per_rank.split(",")]
     if args.loader:
         world = len(steps)
@@ -298,13 +298,13 @@ def run(args: argparse.Namespace, last: bool = True) -> None:
     if args.emulate:
         emulate(steps, args.grad_accum, args.out, args)
     else:
-        distributed(steps, args.grad_accum, args.out, args, last)
+        distributed(steps, args.grad_accum, args.out, args, final)
 
 
 def main() -> None:
     torch.set_num_threads(1)
     if sys.argv[1:2] == ["--cases"]:  # several runs in these processes, one after another (fold_cases.py)
-        run_cases(sys.argv[2], lambda argv, last: run(parser().parse_args(argv), last))
+        run_cases(sys.argv[2], lambda argv, final: run(parser().parse_args(argv), final))
     else:
         run(parser().parse_args())
 
