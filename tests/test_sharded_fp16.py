@@ -93,7 +93,8 @@ def _check_save(c, out, output):
         if r in keepers:
             assert rec["state_dict"] == dtypes and rec["saved_is_state_dict"], rec
         else:
-            assert rec["state_dict"] == (None if c.info["face"] == "ds" else []) and "saved_is_state_dict" not in rec, rec
+            assert rec["state_dict"] == (None if c.info["face"] == "ds" else []), rec
+            assert "saved_is_state_dict" not in rec, rec
 
 
 def _outputs(done, n):

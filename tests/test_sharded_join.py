@@ -119,7 +119,8 @@ def test_sharded_join_uneven_inputs(tmp_path, run, nproc):
         run("join_train.py", _ours(c).args + ["--out", str(alone)], nproc=nproc, launcher="accelerate_c",
             timeout=240)
         for r in range(nproc):
-            a, b = load_file(str(alone / f"state{r}.safetensors")), load_file(str(got[c.name] / f"state{r}.safetensors"))
+            a = load_file(str(alone / f"state{r}.safetensors"))
+            b = load_file(str(got[c.name] / f"state{r}.safetensors"))
             assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (r, FOLD_CHECK)
             la, lb = (json.loads((d / f"losses{r}.json").read_text()) for d in (alone, got[c.name]))
             assert la == lb, (r, FOLD_CHECK, la, lb)
