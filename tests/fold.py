@@ -50,15 +50,18 @@ MARK = "fold_cases: begins case "  # tests/scripts/fold_cases.py prints it as ev
 
 def case_output(text: str, n: int) -> list:
     """`text` (a folded launch's stdout or stderr) split into its n cases' parts: case i's part runs from the first
-    line marking case i to the first line marking case i + 1 (every rank ends a case with a barrier)."""
-    lines, parts, current = text.splitlines(), [[] for _ in range(n)], None
-    for line in lines:
-        if line.startswith(MARK):
-            i = int(line[len(MARK):])
-            if current is None or i > current:
-                current = i
-            continue
-        if current is not None:
+    mark of case i to the first mark of case i + 1 (every rank ends a case with a barrier). A mark is found
+    anywhere in a line (the ranks share the output file: another rank's unfinished line may precede it)."""
+    parts, current = [[] for _ in range(n)], None
+    for line in text.splitlines():
+        while MARK in line:
+            before, line = line.split(MARK, 1)
+            if before and current is not None:
+                parts[current].append(before)
+            digits = len(line) - len(line.lstrip("0123456789"))
+            i, line = int(line[:digits]), line[digits:]
+            current = i if current is None else max(current, i)
+        if line and current is not None:
             parts[current].append(line)
     return ["\n".join(p) for p in parts]
 

@@ -67,7 +67,8 @@ def run_cases(path: str, body: Callable[[list, bool], None]) -> None:
         os.environ.update({k: str(v) for k, v in case.get("env", {}).items()})
         reset_state()
         for stream in (sys.stdout, sys.stderr):  # where case i's output begins (tests/fold.py: case_output)
-            print(f"{MARK}{i}", file=stream, flush=True)
+            stream.write(f"{MARK}{i}\n")  # one write (print writes the newline apart: another rank's line could
+            stream.flush()                # land between them)
         body(list(case["args"]), i == len(cases) - 1)
     reset_state()
     os.environ.clear()
