@@ -7,12 +7,18 @@
 #  - DeepSpeed's scaler rules (hysteresis, consecutive_hysteresis, min_loss_scale, static loss_scale) against
 #    sequences derived by hand from DeepSpeed's DynamicLossScaler semantics; bad fp16 fields name the field.
 #  - DeepSpeed's gradient_clipping on ONE process: applied in the step, against torch's clip_grad_norm_ loop.
+#  - HF 1.15's save_model / get_state_dict dtypes and ranks under both faces; the FSDP face's auto-wrap policies
+#    (a callable, model._no_split_modules) through a real prepare.
+# The multi-process runs of a process count share one launch, their one-process references one process (the
+# scripts' --cases mode; tests/test_sharded_join.py checks that a folded case ends bitwise where it ends alone).
 # Not for: the rest of the engine (test_sharded_engine.py).
 import json
 
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from fold import Case, case_output, check_each, launcher_env, run_folded
 
 # torch's GradScaler: growth every 2 clean steps, backoff on the injected step 2
 FSDP_SCALER = ["--scaler", json.dumps({"init_scale": 1024, "growth_interval": 2}), "--inject", "2", "--steps", "6"]
@@ -24,41 +30,43 @@ DS_FP16 = ["--fp16", json.dumps({"initial_scale_power": 10, "loss_scale_window":
 DS_EXPECTED = {"skipped": [False, True, True, False, False, True, False, False, False],
                "scales": [1024.0, 1024.0, 512.0, 512.0, 512.0, 256.0, 256.0, 256.0, 512.0]}
 
-CASES = [  # face, stage, nproc, extra, fused optimizer kernels (else the optimizer's own step under GradScaler)
+OVERFLOW = [  # face, stage, nproc, extra, fused optimizer kernels (else the optimizer's own step under GradScaler)
     ("fsdp", 2, 2, FSDP_SCALER, "1"),
     ("fsdp", 3, 2, FSDP_SCALER + ["--clip", "0.5"], "1"),
     ("ds", 1, 2, DS_FP16 + ["--clip", "0.5"], "1"),
     ("ds", 2, 2, DS_FP16 + ["--clip", "0.5"], "0"),
     ("ds", 3, 3, DS_FP16 + ["--global_batch", "12"], "1"),
 ]
-_REFS: dict = {}
+OVERFLOW = [Case(f"{f}-z{z}-n{n}{'' if fused == '1' else '-torchstep'}", ["--face", f, "--stage", z] + extra,
+                 {"ACCELERATE_C_FUSED_OPTIMIZER": fused}, face=f, nproc=n, ref=tuple(["--face", f] + extra))
+            for f, z, n, extra, fused in OVERFLOW]
+# -- save_model: what HF writes (its Accelerator.get_state_dict under DeepSpeed / FSDP) ----------------------------
+SAVE = [  # face, stage, nproc, extra, expected dtypes (None: HF's ZeRO-3 error), ranks that get the dict
+    # (--offload: CPU offload on a CPU run is a no-op that each process says once, one owner per face)
+    ("ds", 2, 2, ["--offload"], ["torch.float16"], (0, 1)),  # ZeRO 1/2: the module's own (fp16) weights, every rank
+    ("ds", 3, 2, [], None, ()),                         # ZeRO-3 without the flag: HF raises, writes nothing
+    ("ds", 3, 2, ["--gather16"], ["torch.float16"], (0,)),  # ZeRO-3 with it: 16-bit on rank 0, None elsewhere
+    ("fsdp", 3, 2, ["--offload"], ["torch.float32"], (0,)),  # FSDP: the full fp32 state dict on rank 0, {} elsewhere
+    ("ds", 2, 1, [], ["torch.float16"], (0,)),          # one process under a DeepSpeedPlugin: DeepSpeed's engine too
+    ("ds", 3, 1, [], None, ()),
+]
+SAVE = [Case(f"save-{f}-z{z}-n{n}{''.join(extra)}", ["--face", f, "--stage", z, "--steps", "2", "--save_model"] + extra,
+             face=f, nproc=n, dtypes=dtypes, keepers=keepers) for f, z, n, extra, dtypes, keepers in SAVE]
 
 
 def _records(out, nproc):
     return [json.loads((out / f"record{r}.json").read_text()) for r in range(nproc)]
 
 
-@pytest.mark.parametrize("face,stage,nproc,extra,fused", CASES,
-                         ids=[f"{c[0]}-z{c[1]}-n{c[2]}{'' if c[4] == '1' else '-torchstep'}" for c in CASES])
-def test_overflow_skips_the_same_steps_on_every_rank(run, tmp_path, tmp_path_factory, face, stage, nproc, extra,
-                                                     fused):
-    args = ["--face", face] + extra
-    key = tuple(args)
-    if key not in _REFS:  # the same script on one process: HF's single-process semantics
-        _REFS[key] = tmp_path_factory.mktemp("ref")
-        run("sharded_fp16.py", args + ["--out", str(_REFS[key])], nproc=1, timeout=120)
-    ref = _REFS[key]
-    got = tmp_path / "got"
-    run("sharded_fp16.py", args + ["--stage", str(stage), "--out", str(got)], nproc=nproc, launcher="accelerate_c",
-        timeout=180, env={"ACCELERATE_C_FUSED_OPTIMIZER": fused})
+def _check_overflow(c, ref, got):
     want = _records(ref, 1)[0]
     assert want["reloaded"]
-    if face == "ds":
+    if c.info["face"] == "ds":
         assert {k: want[k] for k in DS_EXPECTED} == DS_EXPECTED
     else:
         assert want["skipped"] == [False, False, True, False, False, False]
         assert want["scales"] == [1024.0, 2048.0, 1024.0, 1024.0, 2048.0, 2048.0]
-    for r, rec in enumerate(_records(got, nproc)):
+    for r, rec in enumerate(_records(got, c.info["nproc"])):
         assert rec["skipped"] == want["skipped"], (r, rec["skipped"], want["skipped"])
         assert rec["scales"] == want["scales"], (r, rec["scales"], want["scales"])
         assert rec["state"] == want["state"], (r, rec["state"], want["state"])
@@ -67,6 +75,52 @@ def test_overflow_skips_the_same_steps_on_every_rank(run, tmp_path, tmp_path_fac
     assert a.keys() == b.keys()
     for k in a:  # fp16 compute copy and fp16 reduction against one process's fp16 autocast
         assert (a[k] - b[k]).abs().max().item() <= 1e-3, k
+
+
+def _check_save(c, out, output):
+    nproc, dtypes, keepers = c.info["nproc"], c.info["dtypes"], c.info["keepers"]
+    said = [line for line in output.splitlines() if "UserWarning" in line and "no-op" in line]
+    assert len(said) == (nproc if "--offload" in c.args else 0), said
+    for r in range(nproc):
+        rec = json.loads((out / f"record{r}.json").read_text())
+        if dtypes is None:
+            assert "stage3_gather_16bit_weights_on_model_save" in rec.get("save_error", ""), rec
+            assert "stage3_gather_16bit_weights_on_model_save" in rec.get("state_dict_error", ""), rec
+            assert not (out / "model").exists() or not any((out / "model").iterdir())
+            continue
+        assert rec.get("saved_dtypes") == dtypes and rec["saved_equal"], rec
+        # get_state_dict: the dict save_model wrote on the ranks that keep it; {} (FSDP) / None (ZeRO-3) elsewhere
+        if r in keepers:
+            assert rec["state_dict"] == dtypes and rec["saved_is_state_dict"], rec
+        else:
+            assert rec["state_dict"] == (None if c.info["face"] == "ds" else []), rec
+            assert "saved_is_state_dict" not in rec, rec
+
+
+def _outputs(done, n):
+    return [a + "\n" + b for a, b in zip(case_output(done.stdout, n), case_output(done.stderr, n))]
+
+
+@pytest.mark.parametrize("nproc", [2, 3], ids=["2ranks", "3ranks"])
+def test_overflow_and_save_model_on_n_ranks(run, tmp_path, nproc):
+    """OVERFLOW's cases on `nproc` ranks: every rank skips the same steps and keeps the same scale as the one-process
+    run of the same script, weights within fp16 tolerance, the scaler restored by load_state; SAVE's cases on
+    `nproc` ranks (and, with the references, on one): HF's save_model / get_state_dict dtypes and ranks. One launch
+    and one reference process (every case folded: sharded_fp16.py --cases)."""
+    overflow = [c for c in OVERFLOW if c.info["nproc"] == nproc]
+    save = [c for c in SAVE if c.info["nproc"] == nproc]
+    refs = list(dict.fromkeys(c.info["ref"] for c in overflow))  # the same script on one process (HF's semantics)
+    one = [Case(f"ref{i}", args) for i, args in enumerate(refs)] + ([c for c in SAVE if c.info["nproc"] == 1]
+                                                                     if nproc == 2 else [])
+    done_one, done = [], []
+    ref_out = run_folded("sharded_fp16.py", one, tmp_path / "one", per_case_s=30, done=done_one)
+    got = run_folded("sharded_fp16.py", overflow + save, tmp_path / "got", nproc=nproc, timeout=180,
+                     per_case_s=45, done=done)
+    check_each(overflow, lambda c: _check_overflow(c, ref_out[f"ref{refs.index(c.info['ref'])}"], got[c.name]))
+    out_one, out = _outputs(done_one[0], len(one)), _outputs(done[0], len(overflow) + len(save))
+    check_each(save, lambda c: _check_save(c, got[c.name], out[len(overflow) + save.index(c)]))
+    single = one[len(refs):]
+    check_each(single, lambda c: _check_save(c, ref_out[c.name], out_one[len(refs) + single.index(c)]))
 
 
 # -- DeepSpeed's scaler rules, in process --------------------------------------------------------------------
@@ -170,66 +224,26 @@ WRAP_UNITS = {"none": [""], "partial": ["", "transformer.h.0", "transformer.h.1"
                               for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]}
 
 
-def _launch_wrap(tmp_path, policy):
-    import os
-    import sys
-    from conftest import SCRIPTS, Job, clean_env, describe_all, finish_all
-    out = tmp_path / policy
-    flags = ["--cpu", "--use_fsdp", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"] if policy == "env" else []
-    job = Job([sys.executable, "-m", "accelerate_c", "launch", *flags, "--num_processes", "2", "--main_process_port",
-               "0", os.path.join(SCRIPTS, "sharded_wrap.py"), "--policy", policy, "--out", str(out)],
-              tmp_path / "logs", policy, clean_env())
-    (rc, _, _), = finish_all([job], 180)
-    assert rc == 0, describe_all([job])
-    return [json.loads((out / f"record{r}.json").read_text()) for r in range(2)]
-
-
-def test_auto_wrap_callable_and_no_split_modules(tmp_path):
+def test_auto_wrap_callable_and_no_split_modules(run, tmp_path):
     """A policy function (functools.partial(transformer_auto_wrap_policy, ...) or the user's own) and
     --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP without class names (model._no_split_modules) give their units,
-    and the same losses as one unit."""
-    ref = _launch_wrap(tmp_path, "none")
+    and the same losses as one unit. One launch (sharded_wrap.py --cases); the "env" case gets the variables the
+    launcher gives its ranks for `--cpu --use_fsdp --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP`."""
+    env = launcher_env(["--cpu", "--use_fsdp", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"], 2)
+    cases = [Case(policy, ["--policy", policy], env if policy == "env" else {})
+             for policy in ("none", "partial", "user", "env")]
+    outs = run_folded("sharded_wrap.py", cases, tmp_path, nproc=2, timeout=180, per_case_s=45)
+    recs = {c.name: [json.loads((outs[c.name] / f"record{r}.json").read_text()) for r in range(2)] for c in cases}
+    ref = recs["none"]
     assert ref[0]["units"] == WRAP_UNITS["none"]
-    for policy in ("partial", "user", "env"):
-        recs = _launch_wrap(tmp_path, policy)
-        for rec in recs:
-            assert rec["units"] == WRAP_UNITS[policy], (policy, rec["units"])
+
+    def check(c):
+        for rec in recs[c.name]:
+            assert rec["units"] == WRAP_UNITS[c.name], (c.name, rec["units"])
             for a, b in zip(rec["losses"], ref[0]["losses"]):
-                assert abs(a - b) <= 1e-5, (policy, rec["losses"], ref[0]["losses"])
+                assert abs(a - b) <= 1e-5, (c.name, rec["losses"], ref[0]["losses"])
 
-
-# -- save_model: what HF writes (its Accelerator.get_state_dict under DeepSpeed / FSDP) ----------------------------
-SAVE_CASES = [  # face, stage, nproc, extra, expected dtypes (None: HF's ZeRO-3 error), ranks that get the dict
-    # (--offload: CPU offload on a CPU run is a no-op that each process says once, one owner per face)
-    ("ds", 2, 2, ["--offload"], ["torch.float16"], (0, 1)),  # ZeRO 1/2: the module's own (fp16) weights, every rank
-    ("ds", 3, 2, [], None, ()),                         # ZeRO-3 without the flag: HF raises, writes nothing
-    ("ds", 3, 2, ["--gather16"], ["torch.float16"], (0,)),  # ZeRO-3 with it: 16-bit on rank 0, None elsewhere
-    ("fsdp", 3, 2, ["--offload"], ["torch.float32"], (0,)),  # FSDP: the full fp32 state dict on rank 0, {} elsewhere
-    ("ds", 2, 1, [], ["torch.float16"], (0,)),          # one process under a DeepSpeedPlugin: DeepSpeed's engine too
-    ("ds", 3, 1, [], None, ()),
-]
-
-
-@pytest.mark.parametrize("face,stage,nproc,extra,dtypes,keepers", SAVE_CASES,
-                         ids=[f"{c[0]}-z{c[1]}-n{c[2]}{''.join(c[3])}" for c in SAVE_CASES])
-def test_save_model_dtype_like_hf(run, tmp_path, face, stage, nproc, extra, dtypes, keepers):
-    done = run("sharded_fp16.py", ["--face", face, "--stage", str(stage), "--steps", "2", "--save_model", "--out",
-                                   str(tmp_path)] + extra, nproc=nproc, launcher="accelerate_c", timeout=180)
-    said = [line for line in (done.stdout + done.stderr).splitlines() if "UserWarning" in line and "no-op" in line]
-    assert len(said) == (nproc if "--offload" in extra else 0), said
-    for r in range(nproc):
-        rec = json.loads((tmp_path / f"record{r}.json").read_text())
-        if dtypes is None:
-            assert "stage3_gather_16bit_weights_on_model_save" in rec.get("save_error", ""), rec
-            assert "stage3_gather_16bit_weights_on_model_save" in rec.get("state_dict_error", ""), rec
-            assert not (tmp_path / "model").exists() or not any((tmp_path / "model").iterdir())
-            continue
-        assert rec.get("saved_dtypes") == dtypes and rec["saved_equal"], rec
-        # get_state_dict: the dict save_model wrote on the ranks that keep it; {} (FSDP) / None (ZeRO-3) elsewhere
-        if r in keepers:
-            assert rec["state_dict"] == dtypes and rec["saved_is_state_dict"], rec
-        else:
-            assert rec["state_dict"] == (None if face == "ds" else []) and "saved_is_state_dict" not in rec, rec
+    check_each(cases[1:], check)
 
 
 def test_deepspeed_gradient_accumulation_on_one_process(sharding_env):

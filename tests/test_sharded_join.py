@@ -15,12 +15,16 @@
 # element on one rank only (before the others join, after, accumulated by a rank that then runs out): every rank
 # records the same skip decisions and scales as the one-process computation of the same uneven run (the step with
 # the inf skipped everywhere, the scale halved), ends with the same scale and the same weights (fp16 tolerance).
+# The cases of one process count run in one launch (join_train.py --cases, the state reset between cases) and their
+# references in one process; one folded case is also run alone and must end bitwise the same (weights, losses).
 # Not for: stage 0's join itself (tests/test_join.py).
 import json
 
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from fold import Case, check_each, run_folded
 
 
 def _compare(ref, got, nproc, steps, tol=1e-5):
@@ -36,39 +40,90 @@ def _compare(ref, got, nproc, steps, tol=1e-5):
         assert all(abs(x - y) <= tol * max(1.0, abs(x)) for x, y in zip(la, lb)), (r, la, lb)
 
 
-CASES = [  # id, sharding, steps per rank, grad accumulation, extra args, environment
-    ("z1-midaccum-sched", "ds:1", "3,6", 2, ["--sched"], {}),          # rank 0 runs out mid-accumulation
-    ("z2-3ranks-dsclip", "ds:2", "6,2,4", 2, ["--ds_clip", "0.3"], {}),  # rank 0 done first, rank 1 earlier still
-    ("fsdp2-midaccum-units-clip", "fsdp:2", "3,6", 2, ["--clip", "0.3", "--wrap", "size"], {}),
-    ("fsdp3-midaccum-units-sched-torchcomm", "fsdp:3", "3,6", 2, ["--wrap", "size", "--sched", "--clip", "0.3"],
-     {"ACCELERATE_C_COMM": "torch"}),
-    ("z1-loader-lonesync", "ds:1", "4,3", 2, ["--loader"], {}),       # rank 1 syncs at its last batch alone
-    ("fsdp2-loader-3ranks-clip", "fsdp:2", "3,3,2", 2, ["--loader", "--clip", "0.3"], {}),
-    ("fsdp3-loader-lonesync-units-sched", "fsdp:3", "4,3", 2, ["--loader", "--wrap", "size", "--sched"], {}),
-    ("z2-midaccum-ignored", "ds:2", "3,6", 2, ["--ignore"], {}),      # rank 0's accumulated replicated gradient
+def _case(name, sharding, steps, ga, extra, env=None, kind="fp32"):
+    return Case(name, ["--steps_per_rank", steps, "--grad_accum", str(ga)] + extra, env, sharding=sharding,
+                steps=[int(s) for s in steps.split(",")], kind=kind)
+
+
+CASES = [  # against the emulation (--emulate): id, sharding, steps per rank, grad accumulation, extra args, env
+    _case("z1-midaccum-sched", "ds:1", "3,6", 2, ["--sched"]),          # rank 0 runs out mid-accumulation
+    _case("z2-3ranks-dsclip", "ds:2", "6,2,4", 2, ["--ds_clip", "0.3"]),  # rank 0 done first, rank 1 earlier still
+    _case("fsdp2-midaccum-units-clip", "fsdp:2", "3,6", 2, ["--clip", "0.3", "--wrap", "size"]),
+    _case("fsdp3-midaccum-units-sched-torchcomm", "fsdp:3", "3,6", 2, ["--wrap", "size", "--sched", "--clip", "0.3"],
+          {"ACCELERATE_C_COMM": "torch"}),
+    _case("z1-loader-lonesync", "ds:1", "4,3", 2, ["--loader"]),       # rank 1 syncs at its last batch alone
+    _case("fsdp2-loader-3ranks-clip", "fsdp:2", "3,3,2", 2, ["--loader", "--clip", "0.3"]),
+    _case("z2-midaccum-ignored", "ds:2", "3,6", 2, ["--ignore"]),      # rank 0's accumulated replicated gradient
+    # ZeRO-3 with a unit per layer on 3 ranks against the same uneven run under our stage-0 DDP join (no rank runs
+    # out mid-accumulation: gradients our DDP join would drop) as well as against the emulation
+    _case("z3-3ranks-units-clip", "ds:3", "6,2,4", 2, ["--clip", "0.3", "--wrap", "size"]),
+    _case("ddp-3ranks-clip", "fsdp:0", "6,2,4", 2, ["--clip", "0.3"], kind="ddp"),
+    # fp16 with --inject T:R (an inf at micro-step T of rank R): every rank's skips and scales as the reference's
+    # (at rank 0's last micro-step; then after rank 0 joined)
+    _case("fsdp2-overflow-carried", "fsdp:2", "3,6", 2, ["--inject", "2:0", "--clip", "0.3"], kind="fp16"),
+    _case("z1-overflow-after-join", "ds:1", "3,6", 2, ["--inject", "4:1", "--clip", "0.3"], kind="fp16"),
+    _case("fsdp3-overflow-units", "fsdp:3", "3,6", 2, ["--inject", "1:0", "--wrap", "size"], kind="fp16"),
+    _case("z2-3ranks-overflow-dsclip", "ds:2", "6,2,4", 2, ["--inject", "5:0", "--ds_clip", "0.3"], kind="fp16"),
+    # last of its launch, after the torch transport, fp16 and the other faces: also run alone (must match bitwise)
+    _case("fsdp3-loader-lonesync-units-sched", "fsdp:3", "4,3", 2, ["--loader", "--wrap", "size", "--sched"]),
 ]
+FOLD_CHECK = "fsdp3-loader-lonesync-units-sched"
+for c in CASES:
+    if c.info["kind"] == "fp16":
+        c.args += ["--fp16", "--optim", "sgd"]
 
 
-@pytest.mark.parametrize("sharding,steps,ga,extra,env", [pytest.param(*c[1:], id=c[0]) for c in CASES])
-def test_sharded_join_uneven_inputs(tmp_path, run, sharding, steps, ga, extra, env):
-    args = ["--steps_per_rank", steps, "--grad_accum", str(ga)] + extra
-    run("join_train.py", args + ["--emulate", "--out", str(tmp_path / "ref")], nproc=1, timeout=120)
-    nproc = len(steps.split(","))
-    run("join_train.py", args + ["--sharding", sharding, "--out", str(tmp_path / "got")], nproc=nproc,
-        launcher="accelerate_c", timeout=240, env=env)
-    _compare(tmp_path / "ref", tmp_path / "got", nproc, [int(s) for s in steps.split(",")])
+def _ours(c):
+    return Case(c.name, c.args + ["--sharding", c.info["sharding"]], c.env)
 
 
-def test_sharded_join_matches_ddp_join(tmp_path, run):
-    """ZeRO-3 with a unit per layer on 3 ranks against the same uneven run under our stage-0 DDP join (no rank runs out
-    mid-accumulation: gradients our DDP join would drop) and against the emulation."""
-    args = ["--steps_per_rank", "6,2,4", "--grad_accum", "2", "--clip", "0.3"]
-    run("join_train.py", args + ["--emulate", "--out", str(tmp_path / "ref")], nproc=1, timeout=120)
-    for name, extra in (("ddp", ["--sharding", "fsdp:0"]), ("z3", ["--sharding", "ds:3", "--wrap", "size"])):
-        run("join_train.py", args + extra + ["--out", str(tmp_path / name)], nproc=3, launcher="accelerate_c",
+def _check_fp16(c, ref, got):
+    finals, skips = set(), 0
+    for r in range(len(c.info["steps"])):
+        a = json.loads((ref / f"record{r}.json").read_text())
+        b = json.loads((got / f"record{r}.json").read_text())
+        assert a == b, (r, a, b)
+        finals.add(b["final_scale"])
+        skips += sum(skip for skip, _ in b["steps"])
+    assert len(finals) == 1, finals
+    if "--inject" in c.args:  # one step skipped (on every rank still training; a joined rank's scale halved too)
+        assert skips >= 1 and finals == {512.0}, (skips, finals)
+    else:
+        assert skips == 0 and finals == {1024.0}, (skips, finals)
+    # fp16 compute copies: rounded at 2**-11, the reference's per-rank gradients of loss / world, ours of loss
+    _compare(ref, got, len(c.info["steps"]), c.info["steps"], tol=1e-3)
+
+
+@pytest.mark.parametrize("nproc", [2, 3], ids=["2ranks", "3ranks"])
+def test_sharded_join_uneven_inputs(tmp_path, run, nproc):
+    """Every case on `nproc` ranks in one launch, their emulations in one process; on 3 ranks ZeRO-3 also against
+    our stage-0 DDP join; on 2 ranks FOLD_CHECK also alone, bitwise equal to its folded run."""
+    cases = [c for c in CASES if len(c.info["steps"]) == nproc]
+    emulated = [c for c in cases if c.info["kind"] != "ddp"]
+    refs = run_folded("join_train.py", [Case(c.name, c.args + ["--emulate"]) for c in emulated],
+                      tmp_path / "ref", per_case_s=30)
+    got = run_folded("join_train.py", [_ours(c) for c in cases], tmp_path / "got", nproc=nproc,
+                     timeout=240, per_case_s=60)
+
+    def check(c):
+        if c.info["kind"] == "fp16":
+            _check_fp16(c, refs[c.name], got[c.name])
+        else:
+            _compare(refs[c.name], got[c.name], nproc, c.info["steps"])
+        if c.name == "z3-3ranks-units-clip":
+            _compare(got["ddp-3ranks-clip"], got[c.name], nproc, c.info["steps"])
+
+    check_each(emulated, check)
+    if nproc == 2:  # the fold is honest: the same case alone (the plain command line) ends bitwise the same
+        alone, c = tmp_path / "alone", next(c for c in CASES if c.name == FOLD_CHECK)
+        run("join_train.py", _ours(c).args + ["--out", str(alone)], nproc=nproc, launcher="accelerate_c",
             timeout=240)
-    _compare(tmp_path / "ddp", tmp_path / "z3", 3, [6, 2, 4])
-    _compare(tmp_path / "ref", tmp_path / "z3", 3, [6, 2, 4])
+        for r in range(nproc):
+            a = load_file(str(alone / f"state{r}.safetensors"))
+            b = load_file(str(got[c.name] / f"state{r}.safetensors"))
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (r, FOLD_CHECK)
+            la, lb = (json.loads((d / f"losses{r}.json").read_text()) for d in (alone, got[c.name]))
+            assert la == lb, (r, FOLD_CHECK, la, lb)
 
 
 @pytest.mark.parametrize("sharding,steps,extra,message", [
@@ -79,35 +134,3 @@ def test_sharded_join_refuses_clearly(tmp_path, run, sharding, steps, extra, mes
     args = ["--steps_per_rank", steps, "--sharding", sharding, "--out", str(tmp_path)] + extra
     with pytest.raises(AssertionError, match=message):
         run("join_train.py", args, nproc=2, launcher="accelerate_c", timeout=120)
-
-
-FP16_CASES = [  # id, sharding, steps per rank, grad accumulation, extra args (--inject T:R: micro-step T of rank R)
-    ("fsdp2-overflow-carried", "fsdp:2", "3,6", 2, ["--inject", "2:0", "--clip", "0.3"]),  # rank 0's last micro-step
-    ("z1-overflow-after-join", "ds:1", "3,6", 2, ["--inject", "4:1", "--clip", "0.3"]),  # rank 0 already joined
-    ("fsdp3-overflow-units", "fsdp:3", "3,6", 2, ["--inject", "1:0", "--wrap", "size"]),
-    ("z2-3ranks-overflow-dsclip", "ds:2", "6,2,4", 2, ["--inject", "5:0", "--ds_clip", "0.3"]),
-]
-
-
-@pytest.mark.parametrize("sharding,steps,ga,extra", [pytest.param(*c[1:], id=c[0]) for c in FP16_CASES])
-def test_sharded_join_fp16_overflow_agreed(tmp_path, run, sharding, steps, ga, extra):
-    args = ["--steps_per_rank", steps, "--grad_accum", str(ga), "--fp16", "--optim", "sgd"] + extra
-    ref, got = tmp_path / "ref", tmp_path / "got"
-    run("join_train.py", args + ["--emulate", "--out", str(ref)], nproc=1, timeout=120)
-    nproc = len(steps.split(","))
-    run("join_train.py", args + ["--sharding", sharding, "--out", str(got)], nproc=nproc, launcher="accelerate_c",
-        timeout=240)
-    finals, skips = set(), 0
-    for r in range(nproc):
-        a = json.loads((ref / f"record{r}.json").read_text())
-        b = json.loads((got / f"record{r}.json").read_text())
-        assert a == b, (r, a, b)
-        finals.add(b["final_scale"])
-        skips += sum(skip for skip, _ in b["steps"])
-    assert len(finals) == 1, finals
-    if "--inject" in extra:  # one step skipped (on every rank still training; a joined rank's scale halved too)
-        assert skips >= 1 and finals == {512.0}, (skips, finals)
-    else:
-        assert skips == 0 and finals == {1024.0}, (skips, finals)
-    # fp16 compute copies: rounded at 2**-11, the reference's per-rank gradients of loss / world, ours of loss
-    _compare(ref, got, nproc, [int(s) for s in steps.split(",")], tol=1e-3)

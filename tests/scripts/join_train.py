@@ -23,12 +23,16 @@
 # micro-step T. Each rank writes record<r>.json: (skipped, scale) after each of its synced steps and its scale after
 # the join. The reference's rules: the same fp16 copies (sharded_train.compute_copy), gradients unscaled in fp32, a
 # step with a non-finite gradient skipped (the gradients still zeroed) and the scale halved.
+# --cases FILE: several runs one after another in the same processes (tests/scripts/fold_cases.py).
 import argparse
 import json
 import os
+import sys
 
 import torch
 from safetensors.torch import save_file
+
+import fold_cases
 
 
 def build() -> torch.nn.Module:
@@ -262,7 +266,7 @@ def distributed(steps: list, ga: int, out: str, args: argparse.Namespace) -> Non
     acc.end_training()
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     p.add_argument("--steps_per_rank", required=True, help="comma-separated micro-steps of each rank")
     p.add_argument("--grad_accum", type=int, default=1)
@@ -283,13 +287,23 @@ def main() -> None:
     p.add_argument("--drop_unsynced", action="store_true", help="--emulate with torch DDP's rule (stage 0): a rank "
                    "that runs out mid-accumulation has its unsynced micro-batches dropped (a deferred lone sync "
                    "at its last batch still counts)")
-    args = p.parse_args()
-    torch.set_num_threads(1)
+    return p
+
+
+def run(args: argparse.Namespace) -> None:
     steps = [int(s) for s in args.steps_per_rank.split(",")]
     if args.loader:
         world = len(steps)
         assert steps == [len(range(r, sum(steps), world)) for r in range(world)], "--loader deals batches round robin"
-    (emulate if args.emulate else distributed)(steps, args.grad_accum, args.out, args)
+    if args.emulate:
+        emulate(steps, args.grad_accum, args.out, args)
+    else:
+        distributed(steps, args.grad_accum, args.out, args)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    fold_cases.run(lambda argv: run(parser().parse_args(argv)), sys.argv[1:])  # --cases FILE: fold_cases.py
 
 
 if __name__ == "__main__":

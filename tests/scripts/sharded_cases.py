@@ -1,54 +1,27 @@
-# tests/scripts/sharded_cases.py: several runs in one process (or one launch of N ranks), one after another, so
-# that a test pays the interpreter, torch/transformers imports and the launch once per group of cases rather than
-# once per case. argv: <cases.json>, a list of {"name", "kind", "argv", "env"}: kind "train" runs sharded_train.py's
-# main(argv) (its --emulate / --one_process references too), "pretrained" / "evalmode" / "noinit" the functions of
-# construct_checks.py (argv: their arguments). Between cases the process is put back as a fresh one would be: the
-# environment restored (the case's "env" and what plugins set: ACCELERATE_USE_FSDP, FSDP_*, ...), accelerate_c's
-# AcceleratorState / GradientState reset, the shared-memory groups released (the next case builds its own, reading
-# ACCELERATE_C_COMM again); the default process group is kept (sharded_train.KEEP_PG). Each case is announced on
-# stdout, so a failure names it.
+# tests/scripts/sharded_cases.py: the sharded tests' runs as cases of one process (or one launch of N ranks):
+# `sharded_cases.py --cases FILE` (tests/fold.py's Group writes it), each case's args being a kind and its
+# arguments: "train" runs sharded_train.py's main(argv) (its --emulate / --one_process references too),
+# "pretrained" / "evalmode" / "noinit" the functions of construct_checks.py. fold_cases.py sequences the cases
+# (environment, states and communication groups reset between them; the default process group kept). Each case
+# is announced on stdout, so a failure names it.
 # Not for: the checks (the tests read what each case wrote).
-import gc
-import json
-import os
 import sys
 
-import torch.distributed as dist
-
 import construct_checks
+import fold_cases
 import sharded_train
 
 
-def reset() -> None:
-    from accelerate_c.comm import release_groups
-    from accelerate_c.state import AcceleratorState, GradientState
-    if dist.is_initialized():
-        dist.barrier()  # every rank is done with the groups before they go
-        release_groups()
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    gc.collect()
-
-
-def main() -> None:
-    with open(sys.argv[1]) as f:
-        cases = json.load(f)
-    sharded_train.KEEP_PG = True
-    environ = dict(os.environ)
-    for case in cases:
-        print(f"=== case {case['name']}: {case['kind']} {' '.join(case['argv'])}", flush=True)
-        os.environ.update(case.get("env") or {})
-        if case["kind"] == "train":
-            sharded_train.main(case["argv"])
-        else:
-            getattr(construct_checks, case["kind"])(*case["argv"])
-        os.environ.clear()
-        os.environ.update(environ)
-        reset()
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+def case(args: list) -> None:
+    kind, argv = args[0], args[1:]
+    print(f"=== case {kind} {' '.join(argv)}", flush=True)
+    if kind == "train":
+        sharded_train.main(argv)
+    else:
+        getattr(construct_checks, kind)(*argv)
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] != ["--cases"]:
+        raise SystemExit("sharded_cases.py: expected --cases FILE")
+    fold_cases.run(case, sys.argv[1:])

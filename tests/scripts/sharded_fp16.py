@@ -5,14 +5,17 @@
 # decision is agreed. Writes, per rank, record<r>.json: skipped flags and the scale after each step, the final
 # scaler state_dict, whether a save_state/load_state round trip restored it, what accelerator.get_state_dict gave
 # (its dtypes, None, or HF's error) and, with --save_model, whether the file holds exactly that dict; rank 0 also
-# weights.safetensors (fp32).
+# weights.safetensors (fp32). --cases FILE: several runs one after another in the same processes (fold_cases.py).
 # Not for: the engine's other features (sharded_train.py).
 import argparse
 import json
 import os
+import sys
 
 import torch
 from safetensors.torch import save_file
+
+import fold_cases
 
 
 def build() -> torch.nn.Module:
@@ -26,7 +29,7 @@ def batch(step: int, n: int) -> tuple:
     return x, x[:, :4].sin()
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     p.add_argument("--face", choices=("fsdp", "ds"), default="fsdp")
     p.add_argument("--stage", type=int, default=3)
@@ -40,9 +43,10 @@ def main() -> None:
     p.add_argument("--save_model", action="store_true", help="accelerator.save_model at the end (record its dtypes)")
     p.add_argument("--gather16", action="store_true", help="DeepSpeed stage3_gather_16bit_weights_on_model_save")
     p.add_argument("--out", required=True)
-    args = p.parse_args()
-    torch.set_num_threads(1)
+    return p
 
+
+def run(args: argparse.Namespace) -> None:
     from accelerate_c import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin
     from accelerate_c.utils import GradScalerKwargs
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -130,6 +134,11 @@ def main() -> None:
                   os.path.join(args.out, "weights.safetensors"))
     acc.wait_for_everyone()
     acc.end_training()
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    fold_cases.run(lambda argv: run(parser().parse_args(argv)), sys.argv[1:])  # --cases FILE: fold_cases.py
 
 
 if __name__ == "__main__":

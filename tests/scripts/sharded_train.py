@@ -27,7 +27,7 @@
 # (model_slices and the optimizer state by optimizer_layout, keyed "<name>@<start>"), statedict<r>.json (what
 # accelerator.get_state_dict gave the rank and the peak bytes it allocated; weights.safetensors holds the fp32
 # weights of strategy.gather_state_dict, as the DeepSpeed face's get_state_dict is 16-bit under --bf16/--fp16).
-# sharded_cases.py runs several of these runs in one process (main(argv), KEEP_PG: the default process group kept).
+# sharded_cases.py runs several of these runs in one process (main(argv); fold_cases.py sequences them).
 import argparse
 import copy as pycopy
 import dataclasses
@@ -40,7 +40,6 @@ from safetensors.torch import save_file
 
 from ddp_semantics import BNNet, chunk
 
-KEEP_PG = False  # sharded_cases.py: several runs in one process share the default process group
 WRAPS = {"no": ("no_wrap", (), 0), "layer": ("transformer_based_wrap", ("GPT2Block",), 0),
          "size": ("size_based_wrap", (), 1000), "llayer": ("transformer_based_wrap", ("LlamaDecoderLayer",), 0)}
 
@@ -449,13 +448,9 @@ def distributed(args: argparse.Namespace) -> None:
 
 
 def finish(acc: Any) -> None:
-    """The end of a run: end_training, or under sharded_cases.py (KEEP_PG) the strategy closed and the default
-    process group kept for the next case."""
+    """The end of a run (a case of a folded run before the last keeps the default process group: fold_cases.py)."""
     acc.wait_for_everyone()
-    if KEEP_PG:
-        acc.strategy.close()
-    else:
-        acc.end_training()
+    acc.end_training()
 
 
 def resume_check(args: argparse.Namespace, acc: Any, model: torch.nn.Module, opts: list) -> None:

@@ -6,22 +6,28 @@
 #                     transformer_layer_cls={GPT2Block}))
 #   --policy user:    a user function (module, recurse, nonwrapped_numel) wrapping every nn.Linear-like Conv1D
 #   --policy none:    NO_WRAP (the reference: one unit, the same math)
-# Writes record<r>.json: the engine's unit names and the losses of a few steps.
+# Writes record<r>.json: the engine's unit names and the losses of a few steps. --cases FILE: several runs one
+# after another in the same processes (fold_cases.py).
 # Not for: the unit arithmetic (test_sharded_units.py).
 import argparse
 import functools
 import json
 import os
+import sys
 
 import torch
 
+import fold_cases
 
-def main() -> None:
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     p.add_argument("--policy", choices=("env", "partial", "user", "none"), required=True)
     p.add_argument("--out", required=True)
-    args = p.parse_args()
-    torch.set_num_threads(1)
+    return p
+
+
+def run(args: argparse.Namespace) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.models.gpt2.modeling_gpt2 import GPT2Block
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
@@ -61,6 +67,11 @@ def main() -> None:
     with open(os.path.join(args.out, f"record{acc.process_index}.json"), "w") as f:
         json.dump({"units": units, "losses": losses}, f)
     acc.end_training()
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    fold_cases.run(lambda argv: run(parser().parse_args(argv)), sys.argv[1:])  # --cases FILE: fold_cases.py
 
 
 if __name__ == "__main__":

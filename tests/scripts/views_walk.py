@@ -12,13 +12,16 @@
 # every buffer, `state_dict()`; and every optimizer state tensor and `optimizer.state_dict()` tensor. Each read
 # checks that no tensor has a shape larger than its storage (the raw metadata too, before anything is gathered) and
 # records a digest (shape, dtype, sum, |sum|) per name, or None for a missing gradient; the optimizer's tensors are
-# only checked (sharded strategies hold shards of them). Writes <out>/walk<rank>.json.
+# only checked (sharded strategies hold shards of them). Writes <out>/walk<rank>.json (with the strategy the run got:
+# "setup"). --cases FILE: several runs one after another in the same processes (fold_cases.py; "after end_training"
+# is then read with the default process group still up in every case but the last).
 # Not for: timing, or the strategies' numerics beyond what user code reads.
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 import torch
@@ -26,6 +29,7 @@ import torch.nn.functional as F
 from transformers import GPT2Config, GPT2Model
 
 from accelerate_c import Accelerator
+import fold_cases
 
 
 class Net(torch.nn.Module):
@@ -103,10 +107,13 @@ class Walk:
         self.points[point] = rec
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    return ap
+
+
+def run(args: argparse.Namespace) -> None:
     acc = Accelerator(gradient_accumulation_steps=2)
     torch.manual_seed(0)
     model = Net()
@@ -118,6 +125,10 @@ def main() -> None:
     model, optimizer, scheduler, loader = acc.prepare(model, optimizer, scheduler, loader)
     unwrapped = acc.unwrap_model(model)
     walk = Walk()
+    cfg = getattr(acc.strategy, "config", None)
+    setup = {"strategy": type(acc.strategy).__name__, "stage": getattr(acc.strategy, "stage", None),
+             "distributed_type": str(acc.distributed_type), "mixed_precision": acc.mixed_precision,
+             **{k: str(getattr(cfg, k)) for k in ("grad_sync", "transport", "sharded_step", "face") if hasattr(cfg, k)}}
     walk.read("after prepare", model, unwrapped, optimizer)
     for it, (ids, y) in enumerate(loader):
         with acc.accumulate(model):
@@ -157,11 +168,16 @@ def main() -> None:
     walk.read("after unwrap_model().cpu()", model, unwrapped, optimizer)
     acc.free_memory()
     walk.read("after free_memory", model, unwrapped, None)
-    acc.end_training()
+    acc.end_training()  # (a case before the last of a --cases run keeps the default process group)
     walk.read("after end_training", model, unwrapped, None)
     rank = int(os.environ.get("RANK", "0"))
+    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"walk{rank}.json"), "w") as f:
-        json.dump({"points": walk.points, "bad": walk.bad}, f)
+        json.dump({"setup": setup, "points": walk.points, "bad": walk.bad}, f)
+
+
+def main() -> None:
+    fold_cases.run(lambda argv: run(parser().parse_args(argv)), sys.argv[1:])  # --cases FILE: fold_cases.py
     os._exit(0)  # (the results are written; see docs/testing.md on gloo teardown)
 
 
