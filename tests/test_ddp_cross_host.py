@@ -9,7 +9,7 @@
 import os
 import sys
 
-import pytest
+from fold import check_each
 
 from conftest import SCRIPTS, Job, clean_env, describe_all, finish_all, free_port, run_script
 from test_parity import _close, _load
@@ -19,38 +19,41 @@ TIMEOUTS = {"ACCELERATE_C_RDZV_TIMEOUT": "120"}  # the process-group timeout is 
 GUARD_S = 300  # only a hang reaches it
 
 
-@pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    out = tmp_path_factory.mktemp("single")
-    run_script("parity_train.py", ARGS + ["--out", str(out)], nproc=1)
-    return _load(out)
-
-
 def _two_machines(tmp_path, per_machine, grad_sync="bucketed"):
-    out = tmp_path / "multi"
+    """One 2-machine run (two launchers); returns its output folder."""
+    out = tmp_path / f"multi{per_machine}"
     port = str(free_port())
     env = clean_env(ACCELERATE_C_GRAD_SYNC=grad_sync, **TIMEOUTS)
     jobs = [Job([sys.executable, "-m", "accelerate_c", "launch", "-q", "--cpu", "--num_processes", 2 * per_machine,
                  "--num_machines", "2", "--machine_rank", m, "--main_process_ip", "127.0.0.1",
                  "--main_process_port", port, os.path.join(SCRIPTS, "parity_train.py"), *ARGS, "--report_group",
-                 "--timeout", "120", "--out", out], tmp_path / "logs", f"machine{m}", env) for m in (0, 1)]
+                 "--timeout", "120", "--out", out], tmp_path / "logs", f"{per_machine}_per_machine.machine{m}", env)
+            for m in (0, 1)]
     results = finish_all(jobs, GUARD_S)
     assert all(rc == 0 for rc, _, _ in results), describe_all(jobs)
+    return out
+
+
+def _reports(out, per_machine):
     reports = {}
     for r in range(2 * per_machine):
         world, group = (out / f"group{r}.txt").read_text().split()
         assert world == str(2 * per_machine)
         reports[r] = group
-    return reports, _load(out)
+    return reports
 
 
-def test_two_machines_two_ranks_each_hierarchical(tmp_path, single):
-    reports, multi = _two_machines(tmp_path, per_machine=2)
-    assert reports == {r: "HierarchicalGroup" for r in range(4)}, reports
-    _close(single, multi)
+def test_two_machines(tmp_path):
+    """2 x 2 ranks: HierarchicalGroup on every rank; 2 x 1 ranks: TorchGroup; both equal one process (one
+    reference run for both)."""
+    single = tmp_path / "single"
+    run_script("parity_train.py", ARGS + ["--out", str(single)], nproc=1)
+    outs = {per: _two_machines(tmp_path, per) for per in (2, 1)}
+    want = {2: "HierarchicalGroup", 1: "TorchGroup"}
 
+    def check(per):
+        reports = _reports(outs[per], per)
+        assert reports == {r: want[per] for r in range(2 * per)}, reports
+        _close(_load(single), _load(outs[per]))
 
-def test_two_machines_one_rank_each_torch(tmp_path, single):
-    reports, multi = _two_machines(tmp_path, per_machine=1)
-    assert reports == {r: "TorchGroup" for r in range(2)}, reports
-    _close(single, multi)
+    check_each([2, 1], check)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from simd_levels import LEVELS, simd
 from bitwise import same
+from fold import Case, run_folded
 
 import accelerate_c._C as C
 from accelerate_c import optim as aopt
@@ -586,14 +587,13 @@ def test_prepare_mixed_precision_and_clipping(precision):
 
 
 @pytest.mark.parametrize("nproc", [2, 3])
-def test_ddp_split_step_equals_unsplit(tmp_path, run, nproc):
+def test_ddp_split_step_equals_unsplit(tmp_path, nproc):
     """DDP over shared memory splits the optimizer step between the ranks (ddp/split_step.py): with 8-bit
     state each rank requantises whole blocks of its slice, with bf16 state rounds with the slice's logical
-    indices; every param, the state_dict (codes, scales) and every rank equal the unsplit step's bits."""
-    args = ["--out"]
-    run("optim_lowbit_ddp.py", args + [str(tmp_path / "split")], nproc=nproc, launcher="accelerate_c")
-    run("optim_lowbit_ddp.py", args + [str(tmp_path / "whole")], nproc=nproc, launcher="accelerate_c",
-        env={"ACCELERATE_C_SHARDED_STEP": "0"})
+    indices; every param, the state_dict (codes, scales) and every rank equal the unsplit step's bits.
+    The split and the unsplit run are two cases of one launch (tests/scripts/fold_cases.py)."""
+    run_folded("optim_lowbit_ddp.py", [Case("split", []), Case("whole", [], env={"ACCELERATE_C_SHARDED_STEP": "0"})],
+               tmp_path, nproc=nproc, launcher="accelerate_c")
     for name in ("8bit", "bfloat16"):
         recs = {(mode, r): torch.load(tmp_path / mode / f"{name}.rank{r}.pt", weights_only=False)
                 for mode in ("split", "whole") for r in range(nproc)}

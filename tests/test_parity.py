@@ -1,13 +1,32 @@
 # tests/test_parity.py: N-process training equals single-process training with the same global batch
 # (per-step loss and final weights within 1e-6, >= 10 steps, with and without accumulation, an unused
-# parameter), and accelerate_c equals HF Accelerate 1.15 on the same script and seed, on 1 and 2 processes.
+# parameter, on both gradient-sync paths), and accelerate_c equals HF Accelerate 1.15 on the same script and
+# seed, on 1 and 2 processes (torchrun for both), with DDP's fp16 comm hook too; the bf16 hook reduces alike
+# on both sync paths; PowerSGD is a clear error.
+# Each launch group (script, nproc, launcher, impl) runs its configurations in one launch
+# (tests/scripts/fold_cases.py); test_two_processes also runs one case alone and must get the same bits as
+# that case folded after the others (no state leaks from one case into the next).
 # Not for: unit behaviour (test_accelerator.py).
 import json
 import os
 
-import pytest
 import torch
 from safetensors.torch import load_file
+
+from conftest import run_script
+from fold import Case, check_each, run_folded
+
+NO_SCHED = ("--no_scheduler",)
+# nproc-vs-one-process configurations: (global batch, grad accum, extra args); keyed by the reference's name
+REF = {"gb8_ga2": ("--global_batch", 8, "--grad_accum", 2, *NO_SCHED),
+       "gb8_ga1_unused_sgd": ("--global_batch", 8, "--grad_accum", 1, *NO_SCHED, "--unused_param",
+                              "--optimizer", "sgd"),
+       "gb12_ga2_unused": ("--global_batch", 12, "--grad_accum", 2, *NO_SCHED, "--unused_param")}
+# ours-vs-HF configurations: (grad accum, shuffle)
+HF_ARGS = {"ga1_shuffle": ("--grad_accum", 1, "--shuffle"), "ga2": ("--grad_accum", 2)}
+FP16 = ("--comm_hook", "fp16", "--grad_accum", 2)
+BF16 = ("--comm_hook", "bf16", "--grad_accum", 2)
+PLAIN = ("--grad_accum", 2)
 
 
 def _load(out):
@@ -27,55 +46,78 @@ def _close(a, b, tol=1e-6):
         assert diff <= tol, f"{k}: max diff {diff}"
 
 
-@pytest.mark.parametrize("nproc,grad_accum,extra,grad_sync", [  # (the reference path: on the accumulating cases)
-    (2, 2, [], "bucketed"), (2, 2, [], "reference"), (2, 1, ["--unused_param", "--optimizer", "sgd"], "bucketed"),
-    (3, 2, ["--unused_param"], "bucketed"), (3, 2, ["--unused_param"], "reference"),
-])
-def test_nproc_equals_single(tmp_path, run, nproc, grad_accum, extra, grad_sync):
-    gb = 12 if nproc == 3 else 8
-    args = ["--global_batch", str(gb), "--grad_accum", str(grad_accum), "--no_scheduler", *extra]
-    run("parity_train.py", args + ["--out", str(tmp_path / "single")], nproc=1)
-    run("parity_train.py", args + ["--out", str(tmp_path / "multi")], nproc=nproc, launcher="accelerate_c",
-        env={"ACCELERATE_C_GRAD_SYNC": grad_sync})
-    _close(_load(tmp_path / "single"), _load(tmp_path / "multi"))
+def _bitwise(a, b):
+    (la, wa), (lb, wb) = a, b
+    assert la == lb, f"losses {la} vs {lb}"
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
 
 
-@pytest.mark.parametrize("nproc,grad_accum,shuffle", [(1, 1, True), (1, 2, False), (2, 1, True), (2, 2, False)])
-def test_same_losses_as_hf_accelerate(tmp_path, run, nproc, grad_accum, shuffle):
-    args = ["--grad_accum", str(grad_accum)] + (["--shuffle"] if shuffle else [])
-    run("parity_train.py", args + ["--impl", "accelerate", "--out", str(tmp_path / "hf")], nproc=nproc)
-    run("parity_train.py", args + ["--impl", "accelerate_c", "--out", str(tmp_path / "ours")], nproc=nproc)
-    _close(_load(tmp_path / "hf"), _load(tmp_path / "ours"), tol=1e-5)
+def _sync(name):
+    return {"ACCELERATE_C_GRAD_SYNC": name}
 
 
-@pytest.mark.parametrize("grad_sync", ["bucketed"])  # (the reference path's hook: test_bf16_comm_hook_shm_equals_gloo)
-def test_fp16_comm_hook_as_hf(tmp_path, run, grad_sync):
-    """DistributedDataParallelKwargs(comm_hook=FP16): gradients reduced in fp16 as torch DDP's fp16_compress_hook
-    under HF (cast, divide by the world size, sum, cast back): same losses and weights; and not the plain run."""
-    args = ["--comm_hook", "fp16", "--grad_accum", "2"]
-    run("parity_train.py", args + ["--impl", "accelerate", "--out", str(tmp_path / "hf")], nproc=2)
-    run("parity_train.py", args + ["--impl", "accelerate_c", "--out", str(tmp_path / "ours")], nproc=2,
-        launcher="accelerate_c", env={"ACCELERATE_C_GRAD_SYNC": grad_sync})
-    _close(_load(tmp_path / "hf"), _load(tmp_path / "ours"), tol=1e-5)
-    run("parity_train.py", ["--grad_accum", "2", "--out", str(tmp_path / "plain")], nproc=2, launcher="accelerate_c")
-    plain, ours = _load(tmp_path / "plain")[1], _load(tmp_path / "ours")[1]
-    assert any(not torch.equal(plain[k], ours[k]) for k in plain)
+def test_two_processes(tmp_path):
+    """2 processes under our launcher vs one process (both sync paths), the comm hooks (fp16 as HF, bf16 on both
+    paths, neither equals the plain run), PowerSGD refused; HF vs ours under torchrun; one case alone = folded."""
+    refs = run_folded("parity_train.py", [Case(k, REF[k]) for k in ("gb8_ga2", "gb8_ga1_unused_sgd")], tmp_path / "ref")
+    ours = run_folded("parity_train.py", [
+        Case("gb8_ga2_bucketed", REF["gb8_ga2"], env=_sync("bucketed")),
+        Case("gb8_ga2_reference", REF["gb8_ga2"], env=_sync("reference")),
+        Case("power_sgd", ["--comm_hook", "power_sgd"], expect_error=True),
+        Case("gb8_ga1_unused_sgd_bucketed", REF["gb8_ga1_unused_sgd"], env=_sync("bucketed")),
+        Case("fp16_bucketed", FP16, env=_sync("bucketed")),
+        Case("bf16_bucketed", BF16, env=_sync("bucketed")),
+        Case("bf16_reference", BF16, env=_sync("reference")),
+        Case("plain", PLAIN),  # (the default sync path: bucketed)
+    ], tmp_path / "ours", nproc=2, launcher="accelerate_c")
+    hf = run_folded("parity_train.py", [*(Case(k, [*a, "--impl", "accelerate"]) for k, a in HF_ARGS.items()),
+                                        Case("fp16", [*FP16, "--impl", "accelerate"])], tmp_path / "hf", nproc=2,
+                    launcher="torchrun")
+    ours_torchrun = run_folded("parity_train.py", [Case(k, a) for k, a in HF_ARGS.items()], tmp_path / "ours_tr",
+                               nproc=2, launcher="torchrun")
+    alone = tmp_path / "plain_alone"  # the last case of the fold, run on its own
+    run_script("parity_train.py", [*map(str, PLAIN), "--out", str(alone)], nproc=2, launcher="accelerate_c")
+
+    def check(name):
+        if name.rsplit("_", 1)[0] in refs:  # <reference>_<sync path>
+            _close(_load(refs[name.rsplit("_", 1)[0]]), _load(ours[name]))
+        elif name == "power_sgd":
+            for r in range(2):
+                path = os.path.join(ours["power_sgd"], f"error{r}.txt")
+                assert os.path.exists(path), f"rank {r} did not refuse comm_hook=power_sgd"
+                with open(path) as fh:
+                    assert "PowerSGD is not supported" in fh.read()
+        elif name == "fp16":  # reduced in fp16 as torch DDP's fp16_compress_hook under HF; and not the plain run
+            _close(_load(hf["fp16"]), _load(ours["fp16_bucketed"]), tol=1e-5)
+            _differs(ours["plain"], ours["fp16_bucketed"])
+        elif name == "bf16":  # torch's bf16 hook needs NCCL (HF cannot run it on CPU): shm = gloo, not the plain run
+            _close(_load(ours["bf16_reference"]), _load(ours["bf16_bucketed"]), tol=1e-6)
+            _differs(ours["plain"], ours["bf16_bucketed"])
+        elif name in HF_ARGS:
+            _close(_load(hf[name]), _load(ours_torchrun[name]), tol=1e-5)
+        else:  # "alone"
+            _bitwise(_load(alone), _load(ours["plain"]))
+
+    check_each(["gb8_ga2_bucketed", "gb8_ga2_reference", "gb8_ga1_unused_sgd_bucketed", "power_sgd", "fp16", "bf16",
+                *HF_ARGS, "alone"], check)
 
 
-def test_bf16_comm_hook_shm_equals_gloo(tmp_path, run):
-    """comm_hook=BF16 (torch's bf16 hook needs NCCL, so HF cannot run it on CPU): the shared-memory bucketed path
-    reduces in bf16 exactly as the reference path's gloo all-reduce of the same bf16 tensors."""
-    args = ["--comm_hook", "bf16", "--grad_accum", "2"]
-    for sync in ("bucketed", "reference"):
-        run("parity_train.py", args + ["--out", str(tmp_path / sync)], nproc=2, launcher="accelerate_c",
-            env={"ACCELERATE_C_GRAD_SYNC": sync})
-    _close(_load(tmp_path / "reference"), _load(tmp_path / "bucketed"), tol=1e-6)
-    run("parity_train.py", ["--grad_accum", "2", "--out", str(tmp_path / "plain")], nproc=2, launcher="accelerate_c")
-    plain, ours = _load(tmp_path / "plain")[1], _load(tmp_path / "bucketed")[1]
-    assert any(not torch.equal(plain[k], ours[k]) for k in plain)
+def _differs(plain, hooked):
+    a, b = _load(plain)[1], _load(hooked)[1]
+    assert any(not torch.equal(a[k], b[k]) for k in a), "the hooked run's weights equal the plain run's"
 
 
-def test_power_sgd_is_a_clear_error(tmp_path, run):
-    with pytest.raises(AssertionError, match="PowerSGD is not supported"):
-        run("parity_train.py", ["--comm_hook", "power_sgd", "--out", str(tmp_path / "x")], nproc=2,
-            launcher="accelerate_c")
+def test_three_processes_equal_one(tmp_path):
+    """3 processes (a model with an unused parameter, accumulation) vs one process, on both sync paths."""
+    refs = run_folded("parity_train.py", [Case("gb12_ga2_unused", REF["gb12_ga2_unused"])], tmp_path / "ref")
+    ours = run_folded("parity_train.py", [Case(s, REF["gb12_ga2_unused"], env=_sync(s)) for s in ("bucketed", "reference")],
+                      tmp_path / "ours", nproc=3, launcher="accelerate_c")
+    check_each(["bucketed", "reference"], lambda s: _close(_load(refs["gb12_ga2_unused"]), _load(ours[s])))
+
+
+def test_one_process_same_losses_as_hf_accelerate(tmp_path):
+    hf = run_folded("parity_train.py", [Case(k, [*a, "--impl", "accelerate"]) for k, a in HF_ARGS.items()], tmp_path / "hf")
+    ours = run_folded("parity_train.py", [Case(k, a) for k, a in HF_ARGS.items()], tmp_path / "ours")
+    check_each(HF_ARGS, lambda k: _close(_load(hf[k]), _load(ours[k]), tol=1e-5))

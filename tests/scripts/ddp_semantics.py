@@ -10,13 +10,18 @@
 #   --mode grads: no prepared optimizer: a no_sync backward then a synced one; writes the gradients read right after
 #                 the synced backward (every rank must hold the average), then steps an unprepared torch optimizer
 # Output in --out: losses.json, weights.safetensors, grads.safetensors, buffers<rank>.safetensors (rank 0 writes
-# the shared files; with --emulate the reference writes them all).
+# the shared files; with --emulate the reference writes them all). `--cases FILE` runs several configurations in the
+# same processes (tests/scripts/fold_cases.py).
+# BNNet, batch, chunk, loss_of are imported by tests/scripts/sharded_train.py and universal_chain.py.
 import argparse
 import json
 import os
+import sys
 
 import torch
 from safetensors.torch import save_file
+
+import fold_cases
 
 STEPS = 6
 
@@ -176,7 +181,7 @@ def write(args: argparse.Namespace, losses: list, model: torch.nn.Module, grads:
         save_file({k: v.contiguous() for k, v in bufs.items()}, os.path.join(args.out, f"buffers{r}.safetensors"))
 
 
-def main() -> None:
+def main(argv: list) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", choices=("bn", "bert"), default="bn")
     p.add_argument("--mode", choices=("train", "grads"), default="train")
@@ -185,10 +190,10 @@ def main() -> None:
     p.add_argument("--broadcast_buffers", type=int, default=1)
     p.add_argument("--emulate", type=int, default=0, help="the single-process reference of N ranks")
     p.add_argument("--out", required=True)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     torch.set_num_threads(1)
     (emulate if args.emulate else distributed)(args)
 
 
 if __name__ == "__main__":
-    main()
+    fold_cases.run(main, sys.argv[1:])

@@ -2,9 +2,12 @@
 # holding 8-bit and bf16 state, with gradient clipping and a mid-run state reload; records per
 # rank the final parameters, the optimizer state_dict, each param's state layout, whether the split optimizer
 # step (ddp/split_step.py) took the optimizer and its cuts in the 8-bit params, for tests/test_optim_lowbit.py.
+# `--cases FILE` runs it split and unsplit (ACCELERATE_C_SHARDED_STEP=0) in the same processes
+# (tests/scripts/fold_cases.py).
 # Not for: the fp32 split step (tests/scripts/split_step.py).
 import argparse
 import os
+import sys
 
 import torch
 import torch.nn as nn
@@ -12,6 +15,8 @@ import torch.nn as nn
 from accelerate_c import Accelerator
 from accelerate_c.optim import AdamW, lowbit
 from accelerate_c.utils import set_seed
+
+import fold_cases
 
 
 class Net(nn.Module):
@@ -24,10 +29,10 @@ class Net(nn.Module):
         return self.b(torch.tanh(self.a(x)))
 
 
-def main() -> None:
+def main(argv: list) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     acc = Accelerator()
     os.makedirs(args.out, exist_ok=True)
     for name in ("8bit", "bfloat16"):
@@ -56,4 +61,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    fold_cases.run(main, sys.argv[1:])

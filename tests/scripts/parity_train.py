@@ -1,6 +1,8 @@
 # tests/scripts/parity_train.py: one training script run under HF Accelerate or accelerate_c
 # (--impl accelerate|accelerate_c), on 1 or N processes; writes per-step global losses and the final
-# weights to --out (JSON + safetensors) on the main process. Used by tests/test_parity.py.
+# weights to --out (JSON + safetensors) on the main process. Used by tests/test_parity.py and
+# tests/test_ddp_cross_host.py; `--cases FILE` runs several configurations in the same processes
+# (tests/scripts/fold_cases.py).
 # Not for: anything but comparing implementations and process counts on the same data and seed.
 import argparse
 import importlib
@@ -11,8 +13,10 @@ from datetime import timedelta
 
 import torch
 
+import fold_cases
 
-def main() -> None:
+
+def main(argv: list) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--impl", default="accelerate_c")
     p.add_argument("--out", required=True)
@@ -30,7 +34,7 @@ def main() -> None:
                    help="accelerate_c only: write out/group<rank>.txt naming the DDP transport and comm group")
     p.add_argument("--timeout", type=float, default=None,
                    help="process-group (and comm) timeout in seconds (default: the library's, 30 min)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     acc = importlib.import_module(args.impl)
     # the enum: HF's hook table is keyed by DDPCommunicationHookType, and a plain string is silently ignored there
     hook = acc.DDPCommunicationHookType(args.comm_hook)
@@ -93,21 +97,18 @@ def main() -> None:
     ref = accelerator.gather(flat.unsqueeze(0))
     assert all(torch.equal(ref[0], ref[i]) for i in range(ref.shape[0])), "ranks hold different parameters"
     accelerator.wait_for_everyone()
-    if args.impl == "accelerate":
-        # HF 1.15's teardown races: destroy_process_group right after the barrier sometimes aborts a rank in
-        # gloo ("terminate called without an active exception", exit -6) after all results are written.
-        # The baseline's own bug, not under test: its processes leave without tearing the group down.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    accelerator.end_training()
+    # HF's runs skip end_training: HF 1.15's teardown races (destroy_process_group right after the barrier sometimes
+    # aborts a rank in gloo, "terminate called without an active exception", exit -6, after all results are
+    # written). The baseline's own bug, not under test: its processes leave without tearing the group down.
+    if args.impl == "accelerate_c":
+        accelerator.end_training()
+
+
+if __name__ == "__main__":
+    fold_cases.run(main, sys.argv[1:])
     # Under torchrun (test_parity's comparison with HF) the interpreter's own teardown can race torch's gloo
     # worker threads and abort this finished process (see accelerate_c/commands/_bootstrap.py, which leaves
     # the same way for ranks of our launcher).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-if __name__ == "__main__":
-    main()

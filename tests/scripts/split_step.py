@@ -4,15 +4,20 @@
 # (ACCELERATE_C_SHARDED_STEP=0) bit for bit. Along the way it reloads the optimizer state mid-run and
 # forces one step through torch's own optimizer (a step pre-hook), the two paths that move state around;
 # adamw_local_sgd steps after every other backward under no_sync (per-rank gradients: no split).
+# `--cases FILE` runs several set-ups (precision, ACCELERATE_C_SHARDED_STEP) in the same processes
+# (tests/scripts/fold_cases.py).
 # Not for: HF parity (parity_train.py).
 import argparse
 import os
+import sys
 
 import torch
 import torch.nn as nn
 
 from accelerate_c import Accelerator
 from accelerate_c.utils import GradScalerKwargs, set_seed
+
+import fold_cases
 
 
 class Net(nn.Module):
@@ -46,14 +51,14 @@ def make_optimizer(name: str, model: Net, extra: torch.nn.Parameter) -> torch.op
     raise ValueError(name)
 
 
-def main() -> None:
+def main(argv: list) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--configs", default="adamw,adam_amsgrad_groups,sgd_nesterov,sgd,adamw_outside_param,"
                                          "adamw_local_sgd,adamw_head_only")
     ap.add_argument("--precision", default="no")
     ap.add_argument("--steps", type=int, default=8)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     handlers = [GradScalerKwargs(init_scale=2.0 ** 20, growth_interval=2)] if args.precision == "fp16" else []
     acc = Accelerator(mixed_precision=args.precision, kwargs_handlers=handlers)
     os.makedirs(args.out, exist_ok=True)
@@ -95,4 +100,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    fold_cases.run(main, sys.argv[1:])
