@@ -77,7 +77,7 @@ def test_fp8_sharded_on_two_ranks(tmp_path):
                         ["--emulate", "2"])  # (same math)
         case = group.add(Case(_id(c), args + extra + ["--face", face, "--stage", str(stage)]))
         runs.append((c, ref, case.out))
-    again = group.add(Case(_id(CASES[AGAIN]) + "-again", group.cases[0].argv[:-2]))
+    again = group.add(Case(_id(CASES[AGAIN]) + "-again", group.cases[0].args[:-2]))
     run_group(group, timeout=180 + 60 * len(group.cases))
     checks = [(_id(c), _check_emulated, ref, got, *c[:4], c[4]) for c, ref, got in runs]
     checks.append(("one-process", _check_one_process, runs[1][2], refs))
