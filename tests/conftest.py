@@ -34,19 +34,25 @@ def free_port() -> int:
 
 
 # One scratch folder per pytest process: `cfg` stays empty (the config/HF_HOME folder of every launched command) and
-# `tmp` is their TMPDIR (torch's elastic launcher makes a torchelastic_* folder per run and leaves it). Removed when
-# the session ends (pytest_unconfigure, in every xdist worker too) or at the latest at exit.
-_SCRATCH = tempfile.mkdtemp(prefix="accelerate_c_tests_")
-_EMPTY_DIR = os.path.join(_SCRATCH, "cfg")
-_CHILD_TMP = os.path.join(_SCRATCH, "tmp")
-os.makedirs(_EMPTY_DIR)
-os.makedirs(_CHILD_TMP)
+# `tmp` is their TMPDIR (torch's elastic launcher makes a torchelastic_* folder per run and leaves it). Made at the
+# first clean_env() (scripts that import test modules, some of them killed mid-save, make none); removed when the
+# session ends (pytest_unconfigure, in every xdist worker too) or at the latest at exit.
+_SCRATCH: "str | None" = None
 _OWNER_PID = os.getpid()
 
 
+def _scratch(sub: str) -> str:
+    global _SCRATCH, _OWNER_PID
+    if _SCRATCH is None:
+        _SCRATCH, _OWNER_PID = tempfile.mkdtemp(prefix="accelerate_c_tests_"), os.getpid()
+        for name in ("cfg", "tmp"):
+            os.makedirs(os.path.join(_SCRATCH, name))
+    return os.path.join(_SCRATCH, sub)
+
+
 @atexit.register
-def _remove_scratch() -> None:  # only in the pytest process, not in a forked child that exits normally
-    if os.getpid() == _OWNER_PID:
+def _remove_scratch() -> None:  # only in the process that made it, not in a forked child that exits normally
+    if _SCRATCH is not None and os.getpid() == _OWNER_PID:
         shutil.rmtree(_SCRATCH, ignore_errors=True)
 
 
@@ -170,9 +176,8 @@ def clean_env(**extra: str) -> dict:
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env["OMP_NUM_THREADS"] = "1"
     # no default config file of the machine's (ours or HF's) may change what a test launches
-    env["ACCELERATE_C_CONFIG_DIR"] = _EMPTY_DIR
-    env["HF_HOME"] = _EMPTY_DIR
-    env["TMPDIR"] = _CHILD_TMP
+    env["ACCELERATE_C_CONFIG_DIR"] = env["HF_HOME"] = _scratch("cfg")
+    env["TMPDIR"] = _scratch("tmp")
     env.update(extra)
     return env
 

@@ -215,3 +215,17 @@ def test_a_test_session_leaves_nothing_in_the_temp_directory(tmp_path):
     (rc, _, _), = finish_all([job], 240)
     assert rc == 0, job.describe()
     assert sorted(os.listdir(tmp)) == [], job.describe()
+
+
+def test_a_killed_process_that_imports_the_test_helpers_leaves_nothing(tmp_path):
+    """Checkpoint tests start scripts that import test modules (and so conftest) and kill them mid-save: importing
+    conftest makes no folder (before: each killed script left an accelerate_c_tests_* folder in /tmp)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    code = ("import os, signal, sys; sys.path.insert(0, sys.argv[1]); import conftest; "
+            "os.kill(os.getpid(), signal.SIGKILL)")
+    job = Job([sys.executable, "-c", code, os.path.dirname(__file__)], tmp_path / "logs", "child",
+              dict(clean_env(), TMPDIR=str(tmp)))
+    (rc, _, _), = finish_all([job], 120)
+    assert rc == -9, job.describe()
+    assert sorted(os.listdir(tmp)) == [], job.describe()
