@@ -59,7 +59,7 @@ def _same_states(a_dir, b_dir, nproc):
 
 
 @pytest.mark.parametrize("nproc", [2, 3], ids=["2ranks", "3ranks"])
-def test_uneven_inputs_join_like_torch_ddp_and_hf(tmp_path, run, nproc):
+def test_uneven_inputs_join_like_torch_ddp_and_hf(tmp_path, nproc):
     """Every case of UNEVEN on `nproc` ranks against the emulation, and the MIDACCUM_HF case of `nproc` ranks
     against HF Accelerate on torch DDP's Join: one emulation process, one launch of ours, one of HF's."""
     uneven = [c for c in UNEVEN if _nproc(c) == nproc]

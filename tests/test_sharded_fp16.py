@@ -102,7 +102,7 @@ def _outputs(done, n):
 
 
 @pytest.mark.parametrize("nproc", [2, 3], ids=["2ranks", "3ranks"])
-def test_overflow_and_save_model_on_n_ranks(run, tmp_path, nproc):
+def test_overflow_and_save_model_on_n_ranks(tmp_path, nproc):
     """OVERFLOW's cases on `nproc` ranks: every rank skips the same steps and keeps the same scale as the one-process
     run of the same script, weights within fp16 tolerance, the scaler restored by load_state; SAVE's cases on
     `nproc` ranks (and, with the references, on one): HF's save_model / get_state_dict dtypes and ranks. One launch
@@ -224,7 +224,7 @@ WRAP_UNITS = {"none": [""], "partial": ["", "transformer.h.0", "transformer.h.1"
                               for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]}
 
 
-def test_auto_wrap_callable_and_no_split_modules(run, tmp_path):
+def test_auto_wrap_callable_and_no_split_modules(tmp_path):
     """A policy function (functools.partial(transformer_auto_wrap_policy, ...) or the user's own) and
     --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP without class names (model._no_split_modules) give their units,
     and the same losses as one unit. One launch (sharded_wrap.py --cases); the "env" case gets the variables the

@@ -58,7 +58,7 @@ def _same(a, b):
     return a[:2] == b[:2] and abs(a[2] - b[2]) <= 1e-4 * (a[3] + 1.0)
 
 
-def test_every_view_reads_as_under_ddp(run, tmp_path):
+def test_every_view_reads_as_under_ddp(tmp_path):
     """Plain DDP, then each of CASES and bf16 FULL_SHARD, in one launch of views_walk.py --cases (each case given the
     variables the launcher gives its ranks for the case's flags, tests/fold.py launcher_env)."""
     cases = [Case(name, [], {**launcher_env(flags, 2), **env}) for name, (flags, env) in CASES.items()]
