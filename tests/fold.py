@@ -1,7 +1,8 @@
 # tests/fold.py: the test side of folded launches (tests/scripts/fold_cases.py runs them): several runs of one
 # script with the same process count, launcher and launch environment become cases of one launch, each with an
 # output folder of its own, so that a test pays the interpreter, the imports and the launch once per group. Here:
-# Case and run_folded (write the --cases file, run it), check_each (every case checked, each failure named),
+# Case and run_folded (write the --cases file, run it), check_each / run_checks (every case checked, each
+# failure named),
 # case_output (a folded launch's output split into its cases' parts), launcher_env (the variables the launcher
 # gives its ranks for launcher flags, for a case of a launch without them), and for the sharded tests Group /
 # run_group (the cases of one launch of sharded_cases.py started together with the one process that computes their
@@ -66,17 +67,22 @@ def run_folded(script: str, cases: list, folder: Path, out_flag: Optional[str] =
     return outs
 
 
-def check_each(items, check: Callable[[Any], None]) -> None:
-    """check(item) for every item (a Case or a name); fails once at the end with every failing item's name and
-    message."""
+def check_each(items, check: Callable[[Any], None], name: Optional[Callable[[Any], str]] = None) -> None:
+    """check(item) for every item; fails once at the end with every failing item's name (`name(item)`; by default
+    a Case's name, or the item itself) and message."""
     items, failed = list(items), []
     for item in items:
         try:
             check(item)
         except AssertionError as e:
-            failed.append(f"[{getattr(item, 'name', item)}] {e}")
+            failed.append(f"[{name(item) if name else getattr(item, 'name', item)}] {e}")
     if failed:
         pytest.fail(f"{len(failed)} of {len(items)} cases failed:\n" + "\n".join(failed), pytrace=False)
+
+
+def run_checks(checks: list) -> None:
+    """check_each over (name, function, *args) tuples: function(*args) for each."""
+    check_each(checks, lambda c: c[1](*c[2:]), name=lambda c: c[0])
 
 
 def case_output(text: str, n: int) -> list:

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import SCRIPTS
-from fold import Case, Group, run_group
+from fold import Case, Group, run_checks, run_group
 from test_sharded_engine import _ref_args, add_case, check_cases
 
 sys.path.insert(0, SCRIPTS)
@@ -55,13 +55,6 @@ def _id(case: tuple) -> str:
         ("-torchcomm" if "--torch_comm" in extra else "")
 
 
-def _named(failures: list, name: str, check, *args) -> None:
-    try:
-        check(*args)
-    except AssertionError as e:
-        failures.append(f"[{name}] {e}")
-
-
 @pytest.mark.parametrize("nproc", [2, 3], ids=["n2", "n3"])
 def test_sharded_construction_on_ranks(tmp_path, nproc):
     """One launch per process count: test_meta_model_trains_like_one_process's cases (a meta model trains like
@@ -70,7 +63,7 @@ def test_sharded_construction_on_ranks(tmp_path, nproc):
     test_from_pretrained_with_cpu_ram_efficient_loading and
     test_module_without_reset_parameters_is_an_error_on_every_rank
     (the checks of each below, each failure named by its case)."""
-    group, failures = Group(tmp_path, nproc), []
+    group = Group(tmp_path, nproc)
     checks = []
     for c in [c for c in CASES if c[3] == nproc]:
         env = {"ACCELERATE_C_COMM": "torch"} if "--torch_comm" in c[4] else None
@@ -91,14 +84,12 @@ def test_sharded_construction_on_ranks(tmp_path, nproc):
         group.add(Case("noinit", [str(tmp_path / "noinit")], kind="noinit"))  # last: prepare raises
     run_group(group, timeout=180 + 60 * len(group.cases))
     check_cases(checks)
-    for case in allocs:
-        _named(failures, case.name, _check_alloc, case.out, nproc)
+    more = [(case.name, _check_alloc, case.out, nproc) for case in allocs]
     if nproc == 2:
-        _named(failures, "save", _check_saved, save_ref, saved)
-        _named(failures, "pretrained", _check_pretrained, src, tmp_path / "pretrained_out")
-        _named(failures, "evalmode", _check_evalmode, tmp_path / "evalmode")
-        _named(failures, "noinit", _check_noinit, tmp_path / "noinit")
-    assert not failures, "\n".join(failures)
+        more += [("save", _check_saved, save_ref, saved),
+                 ("pretrained", _check_pretrained, src, tmp_path / "pretrained_out"),
+                 ("evalmode", _check_evalmode, tmp_path / "evalmode"), ("noinit", _check_noinit, tmp_path / "noinit")]
+    run_checks(more)
 
 
 def test_meta_seeds_differ_so_rank0_values_are_the_proof():

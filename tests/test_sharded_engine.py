@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import free_port
-from fold import Case, Group, launch_cmd, run_group
+from fold import Case, Group, launch_cmd, run_checks, run_group
 
 
 def _close(a, b, tol, what):
@@ -88,13 +88,7 @@ def add_case(group: Group, name: str, model: str, face: str, stage: int, extra: 
 
 def check_cases(checks: list, check=None) -> None:
     """Every case checked (`check`: _check's signature), each failure named by its case; fails if any did."""
-    failures = []
-    for name, ref, got, model, stage, nproc, extra in checks:
-        try:
-            (check or _check)(ref, got, model, stage, nproc, extra)
-        except AssertionError as e:
-            failures.append(f"[{name}] {e}")
-    assert not failures, "\n".join(failures)
+    run_checks([(c[0], check or _check, *c[1:]) for c in checks])
 
 
 def same_bits(a, b) -> None:

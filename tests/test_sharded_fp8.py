@@ -22,7 +22,7 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from fold import Case, Group, run_group
+from fold import Case, Group, run_checks, run_group
 from test_sharded_engine import same_bits
 
 # Tolerance against the emulated ranks. With fp32 reduction the two runs do the same operations: exact but for
@@ -65,7 +65,7 @@ def _id(c: tuple) -> str:
 def test_fp8_sharded_on_two_ranks(tmp_path):
     """One launch: every CASES run checked by _check_emulated (test_fp8_sharded_matches_emulated_ranks), CASES[0]'s
     also by _check_one_process (test_fp8_sharded_against_one_process), CASES[AGAIN] run twice (first, last)."""
-    group, failures = Group(tmp_path, 2), []
+    group = Group(tmp_path, 2)
     base = ["--model", "llama", "--global_batch", "8", "--optim", "sgd", "--wrap", "llayer"]
     refs = {"one": group.ref(base + ["--one_process", "--fp8"]), "fp32": group.ref(base + ["--one_process"]),
             "bf16": group.ref(base + ["--emulate", "2", "--bf16"])}
@@ -82,12 +82,7 @@ def test_fp8_sharded_on_two_ranks(tmp_path):
     checks = [(_id(c), _check_emulated, ref, got, *c[:4], c[4]) for c, ref, got in runs]
     checks.append(("one-process", _check_one_process, runs[1][2], refs))
     checks.append(("fold", same_bits, runs[0][2], again.out))
-    for name, check, *args in checks:
-        try:
-            check(*args)
-        except AssertionError as e:
-            failures.append(f"[{name}] {e}")
-    assert not failures, "\n".join(failures)
+    run_checks(checks)
 
 
 def _check_emulated(ref, got, model, face, stage, extra, rdt) -> None:

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fold import Case, Group, run_group
+from fold import Case, Group, run_checks, run_group
 from test_sharded_engine import _check
 
 SGD = ["--optim", "sgd", "--clip", "0.5"]  # (BNNet with AdamW: see test_the_reported_command_trains)
@@ -108,13 +108,7 @@ def test_mixed_precision_on_two_ranks(tmp_path):
         checks.append((case.name, _check_comm, group.ref(args[:i] + args[i + 2:] + ["--emulate", "2"]), case.out,
                        stage, extra, csize, rsize))
     run_group(group, timeout=180 + 60 * len(group.cases))
-    failures = []
-    for name, check, *args in checks:
-        try:
-            check(*args)
-        except AssertionError as e:
-            failures.append(f"[{name}] {e}")
-    assert not failures, "\n".join(failures)
+    run_checks(checks)
 
 
 def test_fsdp1_module_classes_to_ignore_mapped():

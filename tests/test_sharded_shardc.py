@@ -17,7 +17,7 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from fold import Case, Group, run_group
+from fold import Case, Group, run_checks, run_group
 from test_sharded_engine import _assemble, _close
 
 CASES = [  # model, face, stage, nproc, extra args
@@ -61,13 +61,7 @@ def test_shardc_on_ranks(tmp_path, nproc):
                                          env={"ACCELERATE_C_SHARD_KERNELS": flag})).out for flag in ("1", "0")}
             checks.append((f"cpaths-z{stage}", _check_c_paths, outs))
     run_group(group, timeout=180 + 60 * len(group.cases))
-    failures = []
-    for name, check, *args in checks:
-        try:
-            check(*args)
-        except AssertionError as e:
-            failures.append(f"[{name}] {e}")
-    assert not failures, "\n".join(failures)
+    run_checks(checks)
 
 
 def _check_mixed(ref, got, model, face, stage, nproc, extra) -> None:
