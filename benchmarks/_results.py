@@ -4,6 +4,7 @@
 # Not for: measurement logic (each benchmark owns its own).
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -12,8 +13,9 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
 
@@ -29,11 +31,19 @@ def median_time(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
+@contextlib.contextmanager
+def private_tmp(env: dict) -> Iterator[dict]:
+    """`env` with TMPDIR set to a folder removed afterwards: torchrun leaves a torchelastic_* folder per launch."""
+    with tempfile.TemporaryDirectory(prefix="bench_tmp_") as tmp:
+        yield dict(env, TMPDIR=tmp)
+
+
 def run_ranks(kind: str, cmd: list[str], env: dict, cwd: str, out: str, nranks: int, timeout: float) -> list[dict]:
     """Runs a launcher command whose ranks each write <out>.<rank>.json; their records, in rank order. A failed run
     raises with the end of its output."""
-    p = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=timeout)
+    with private_tmp(env) as env:
+        p = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"{kind} run failed ({p.returncode}):\n{p.stdout[-4000:]}")
     records = []

@@ -30,6 +30,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from _results import append_results, private_tmp  # noqa: E402
 
 
 # ---- the model: the demo's GPT (examples/train_gpt.py), scaled up -------------------------------------
@@ -145,12 +147,13 @@ def launch(kind: str, args, tmp: str) -> list[dict]:
                  *script]]
     else:
         cmds = [[py, *script, "--copy", str(i)] for i in range(2)]
-    procs = [subprocess.Popen(c, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for c in cmds]
-    for p in procs:
-        text, _ = p.communicate(timeout=1800)
-        if p.returncode != 0:
-            raise RuntimeError(f"{kind} run failed ({p.returncode}):\n{text[-4000:]}")
+    with private_tmp(env) as env:
+        procs = [subprocess.Popen(c, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for c in cmds]
+        for p in procs:
+            text, _ = p.communicate(timeout=1800)
+            if p.returncode != 0:
+                raise RuntimeError(f"{kind} run failed ({p.returncode}):\n{text[-4000:]}")
     return [json.load(open(f"{out}.{r}.json")) for r in range(2)]
 
 
@@ -261,8 +264,6 @@ def main() -> None:
                      f"[{', '.join(f'{v * 1e3:.1f}' for v in paired['hf'])}], ratio {po / ph if ph > 0 else float('nan'):.3f}")
     print("\n".join(lines))
     if not args.no_record and not args.quick:
-        sys.path.insert(0, HERE)
-        from _results import append_results
         append_results("DDP step cost (benchmarks/ddp_step.py)", lines)
 
 

@@ -19,7 +19,6 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +26,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+from _results import run_ranks  # noqa: E402
+
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1)]
 
 
@@ -171,14 +172,8 @@ def _launch(kind: str, args, nproc: int) -> list:
             "--warmup", str(args.warmup), "--micro_batches", str(args.m), "--batch", str(args.batch), "--seq", str(args.seq)]
     cmd = [sys.executable, *base] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run",
                                                       f"--nproc_per_node={nproc}", f"--master_port={_free_port()}", *base]
-    p = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=3600)
-    if p.returncode != 0:
-        raise RuntimeError(f"{kind} run failed ({p.returncode}):\n{p.stdout[-4000:]}")
-    recs = []
+    recs = run_ranks(kind, cmd, env, ROOT, out, nproc, 3600)
     for r in range(nproc):
-        with open(f"{out}.{r}.json") as fh:
-            recs.append(json.load(fh))
         os.remove(f"{out}.{r}.json")
     return recs
 

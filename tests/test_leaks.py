@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from conftest import SCRIPTS, Job, alive, clean_env, finish_all, free_port
+from conftest import ROOT, SCRIPTS, Job, alive, clean_env, finish_all, free_port
 
 from accelerate_c.base import killpoints, leftovers
 from accelerate_c.checkpointing import atomic, interrupted
@@ -228,4 +228,25 @@ def test_a_killed_process_that_imports_the_test_helpers_leaves_nothing(tmp_path)
               dict(clean_env(), TMPDIR=str(tmp)))
     (rc, _, _), = finish_all([job], 120)
     assert rc == -9, job.describe()
+    assert sorted(os.listdir(tmp)) == [], job.describe()
+
+
+def test_a_benchmark_launch_leaves_nothing_in_the_temp_directory(tmp_path):
+    """benchmarks/_results.run_ranks over torchrun, in a TMPDIR of its own: nothing is left there (before: a
+    torchelastic_* folder per launch of tp_step, pp_step, zero_step, memory and ddp_step's HF run)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    rank_script = tmp_path / "rank.py"
+    rank_script.write_text("import json, os, sys\nrank = os.environ['RANK']\n"
+                           "json.dump({'rank': int(rank)}, open(f'{sys.argv[1]}.{rank}.json', 'w'))\n")
+    driver = ("import sys; sys.path.insert(0, sys.argv[1]); from _results import run_ranks; "
+              "cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', "
+              "sys.argv[4], sys.argv[2], sys.argv[3]]; "
+              "import os; recs = run_ranks('t', cmd, dict(os.environ), sys.argv[1], sys.argv[3], 2, 120); "
+              "assert [r['rank'] for r in recs] == [0, 1], recs")
+    job = Job([sys.executable, "-c", driver, os.path.join(ROOT, "benchmarks"), str(rank_script),
+               str(tmp_path / "out"), str(free_port())], tmp_path / "logs", "bench",
+              dict(clean_env(), TMPDIR=str(tmp)))
+    (rc, _, _), = finish_all([job], 180)
+    assert rc == 0, job.describe()
     assert sorted(os.listdir(tmp)) == [], job.describe()
