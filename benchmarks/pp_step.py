@@ -213,31 +213,41 @@ def main() -> None:
     ap.add_argument("--micro_batches", dest="m", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--quick", action="store_true", help="2 measured steps after 1 warm-up")
+    ap.add_argument("--rounds", type=int, default=3, help="launch rounds; figures are medians over rounds")
+    ap.add_argument("--quick", action="store_true", help="1 round, 2 measured steps after 1 warm-up")
     ap.add_argument("--no-record", action="store_true", help="do not append the table to benchmarks/RESULTS.md")
     args = ap.parse_args()
     if args.quick:
-        args.steps, args.warmup = 2, 1
+        args.steps, args.warmup, args.rounds = 2, 1, 1
     if args.worker:
         rank = int(os.environ.get("RANK", "0"))
         res = {"single": worker_single, "torch": worker_torch, "ours": worker_ours}[args.worker](args)
         with open(f"{args.out}.{rank}.json", "w") as fh:
             json.dump(res, fh)
         return
-    torch_recs, single_recs, ours_recs = _launch("torch", args, 2), _launch("single", args, 1), _launch("ours", args, 2)
-    base = step_time(torch_recs)
+    rounds: list = []  # per round: (torch, single, ours) records, launched in turn so host drift hits all alike
+    for _ in range(args.rounds):
+        rounds.append((_launch("torch", args, 2), _launch("single", args, 1), _launch("ours", args, 2)))
+    per_round = {"torch": [step_time(t) for t, _, _ in rounds], "single": [step_time(s) for _, s, _ in rounds]}
+    for name, _ in SCHEDULES:
+        per_round[name] = [step_time([r[name] for r in o]) for _, _, o in rounds]
+    med = {k: statistics.median(v) for k, v in per_round.items()}
+    base = med["torch"]
     lines = ["| run | s/step | vs torch 1F1B | bubble measured | bubble simulated | stage-0 peak activations |",
              "|---|---|---|---|---|---|",
              f"| torch pipelining Schedule1F1B (2 x 1 thread) | {base:.3f} | 1.00 | | | |",
-             f"| one process, 2 threads | {step_time(single_recs):.3f} | {step_time(single_recs) / base:.2f} | | | |"]
+             f"| one process, 2 threads | {med['single']:.3f} | {med['single'] / base:.2f} | | | |"]
     for name, v in SCHEDULES:
-        recs = [r[name] for r in ours_recs]
-        t = step_time(recs)
-        meas, sim = bubbles(name, v, [r["timelines"] for r in recs], args.m)
-        peak = recs[0]["peak"].get("0", 0) / 2 ** 20
+        bub = [bubbles(name, v, [r[name]["timelines"] for r in o], args.m) for _, _, o in rounds]
+        meas, sim = statistics.median(b[0] for b in bub), statistics.median(b[1] for b in bub)
+        peak = max(o[0][name]["peak"].get("0", 0) for _, _, o in rounds) / 2 ** 20
         label = name + (f" (v={v})" if v > 1 else "")
-        lines.append(f"| ours {label} | {t:.3f} | {t / base:.2f} | {100 * meas:.1f}% | {100 * sim:.1f}% | "
-                     f"{peak:.1f} MiB |")
+        lines.append(f"| ours {label} | {med[name]:.3f} | {med[name] / base:.2f} | {100 * meas:.1f}% | "
+                     f"{100 * sim:.1f}% | {peak:.1f} MiB |")
+    lines.append(f"- {args.rounds} round(s), each launching torch, one process and ours in turn; s/step is the median "
+                 "over rounds of each round's median step (the slowest rank's)")
+    lines.append("- per-round s/step: " + "; ".join(f"{k} [{', '.join(f'{t:.3f}' for t in v)}]"
+                                                   for k, v in per_round.items()))
     print("\n".join(lines))
     if not args.no_record and not args.quick:
         from _results import append_results
