@@ -26,7 +26,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _results import run_ranks  # noqa: E402
+from _results import append_results, run_ranks  # noqa: E402
 
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1)]
 
@@ -250,7 +250,6 @@ def main() -> None:
                                                    for k, v in per_round.items()))
     print("\n".join(lines))
     if not args.no_record and not args.quick:
-        from _results import append_results
         append_results("pipeline step (benchmarks/pp_step.py)", lines)
 
 

@@ -48,7 +48,7 @@ def pretrained(src: str, out: str) -> None:
         save_file({k: v.detach().clone().contiguous() for k, v in sd.items()},
                   os.path.join(out, "gathered.safetensors"))
     acc.wait_for_everyone()
-    acc.strategy.close()
+    acc.end_training()
 
 
 def evalmode(out: str) -> None:
@@ -67,7 +67,7 @@ def evalmode(out: str) -> None:
     inner = acc.unwrap_model(model)
     _write(acc, out, {"differs": [k for k, v in ref.state_dict().items() if not torch.equal(v, inner.state_dict()[k])]})
     acc.wait_for_everyone()
-    acc.strategy.close()
+    acc.end_training()
 
 
 class NoInit(torch.nn.Module):
@@ -88,4 +88,4 @@ def noinit(out: str) -> None:
         error = str(e)
     _write(acc, out, {"error": error})
     acc.wait_for_everyone()
-    acc.strategy.close()
+    acc.end_training()

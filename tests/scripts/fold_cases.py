@@ -93,7 +93,8 @@ def run_cases(path: str, body: Callable[[list], None]) -> None:
                 if not case.get("expect_error"):
                     raise
                 _record_error(case["args"], exc)
-            _close_groups(destroy=False)
+            if not last:
+                _close_groups(destroy=False)
         gc.collect()
     _close_groups(destroy=True)  # where the last case left it up (e.g. it raised as expected)
     reset_state()
