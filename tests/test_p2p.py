@@ -128,3 +128,38 @@ def test_dead_peer(tmp_path):
     assert "peer rank 0" in out[1] and "died" in out[1], out[1]
     pid = open(pidfile).read()
     assert not [n for n in os.listdir("/dev/shm") if n.startswith("accc-") and f"-{pid}-" in n]  # nothing left
+
+
+class _Store:
+    def __init__(self, value):
+        self.value = value
+
+    def check(self, keys):
+        return self.value is not None
+
+    def get(self, key):
+        return self.value.encode()
+
+
+class _ClosedWork:
+    def wait(self):
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:1234")
+
+
+@pytest.mark.parametrize("published", [True, False])
+def test_a_peer_that_aborts_and_exits_is_reported_by_its_reason(published):
+    # A peer publishes its abort and exits at once: the wait fails with gloo's "connection closed" before the poll's
+    # rate-limited look at the abort key. The reason must win (it was the raw gloo error before the fix, which made
+    # test_pipeline_parity's failing-stage case flaky under CI).
+    from accelerate_c.comm.p2p import TorchP2P
+    t = object.__new__(TorchP2P)
+    t.rank, t.timeout, t._key = 1, 30.0, "k"
+    t._store = _Store("rank 0 reported: pipeline rank 0 raised ValueError: boom" if published else None)
+    t._next_check = time.monotonic() + 3600  # the poll has just looked: the next regular look is far away
+    with pytest.raises(RuntimeError) as info:
+        t._poll(_ClosedWork(), "recv of tag 1 from rank 0")
+    if published:
+        assert "aborted on rank 1: rank 0 reported: pipeline rank 0 raised ValueError: boom" in str(info.value)
+        assert "Connection closed" in str(info.value.__cause__)
+    else:
+        assert str(info.value) == "Connection closed by peer [127.0.0.1]:1234"

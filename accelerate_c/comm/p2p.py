@@ -128,9 +128,9 @@ class TorchP2P:
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self.pg, r) if self.pg is not None else r
 
-    def _aborted(self) -> Optional[str]:
+    def _aborted(self, force: bool = False) -> Optional[str]:
         now = time.monotonic()
-        if self._store is None or now < self._next_check:
+        if self._store is None or (now < self._next_check and not force):
             return None
         self._next_check = now + 0.1
         try:
@@ -161,6 +161,11 @@ class TorchP2P:
             if time.monotonic() - start > self.timeout:
                 raise TimeoutError(f"p2p {what} on rank {self.rank}: timed out after {self.timeout:.1f} s")
         if err:
+            # A peer that aborted may have exited right after publishing why, closing its connections: the wait
+            # fails with the transport's "connection closed" before the poll above saw the key. The reason wins.
+            msg = self._aborted(force=True)
+            if msg is not None:
+                raise RuntimeError(f"p2p {what} aborted on rank {self.rank}: {msg}") from err[0]
             raise err[0]
 
     def send(self, channel: int, tensor: torch.Tensor, tag: int) -> TorchWork:
