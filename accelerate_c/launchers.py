@@ -153,9 +153,9 @@ def notebook_launcher(function: Callable, args: tuple = (), num_processes: Optio
     _check_fresh_parent()
 
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
-    from .commands.launch import SHUTDOWN_TIMEOUT_S
+    from .commands.launch import launch_config
 
     rdzv_conf = dict(rdzv_conf or {})
     if rdzv_backend == "static":
@@ -163,11 +163,11 @@ def notebook_launcher(function: Callable, args: tuple = (), num_processes: Optio
         rdzv_endpoint = rdzv_endpoint or f"{master_addr}:{use_port}"
     handlers = _caller_handlers()
     log_dir = leftovers.make_launch_dir()  # named after this process: a SIGKILL's folder is reclaimed later
-    config = LaunchConfig(min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=num_processes, run_id=rdzv_id,
-                          rdzv_endpoint=rdzv_endpoint, rdzv_backend=rdzv_backend, rdzv_configs=rdzv_conf,
-                          max_restarts=max_restarts, monitor_interval=monitor_interval, start_method="fork",
-                          log_line_prefix_template=log_line_prefix_template, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-                          logs_specs=DefaultLogsSpecs(log_dir=log_dir))
+    config = launch_config(min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=num_processes, run_id=rdzv_id,
+                           rdzv_endpoint=rdzv_endpoint, rdzv_backend=rdzv_backend, rdzv_configs=rdzv_conf,
+                           max_restarts=max_restarts, monitor_interval=monitor_interval, start_method="fork",
+                           log_line_prefix_template=log_line_prefix_template,
+                           logs_specs=DefaultLogsSpecs(log_dir=log_dir))
     env = dict(nproc=num_processes, node_rank=node_rank, world_size=num_nodes * num_processes,
                master_addr=master_addr, master_port=use_port, accelerate_mixed_precision=mixed_precision,
                fork_launched=1, torchelastic_signals_to_handle=",".join(s.name for s in _SIGNALS))

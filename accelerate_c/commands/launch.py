@@ -35,6 +35,15 @@ SHUTDOWN_TIMEOUT_S = 5  # SIGTERM -> SIGKILL grace for the ranks, so a failure e
 TORCH_LAUNCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
 
 
+def launch_config(**kwargs: Any) -> Any:
+    """torch's LaunchConfig with our ranks' shutdown grace where this torch takes one (shutdown_timeout is newer than
+    torch 2.11, whose agent waits its own fixed 30 s between SIGTERM and SIGKILL); every other field as given."""
+    from torch.distributed.launcher.api import LaunchConfig
+    if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}:
+        kwargs["shutdown_timeout"] = SHUTDOWN_TIMEOUT_S
+    return LaunchConfig(**kwargs)
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("launch", allow_abbrev=False, help="run a training script on several processes/machines",
                               formatter_class=HelpFormatter,
@@ -274,14 +283,14 @@ def _launch(args: argparse.Namespace, cfg: ClusterConfig, nproc: int, rdzv: dict
 
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     if args.quiet:
         quiet_torch_logs()
-    lc = LaunchConfig(min_nodes=cfg.num_machines, max_nodes=cfg.num_machines, nproc_per_node=nproc,
+    lc = launch_config(min_nodes=cfg.num_machines, max_nodes=cfg.num_machines, nproc_per_node=nproc,
                       logs_specs=DefaultLogsSpecs(log_dir=cfg.log_dir or log_dir, tee=Std.from_str(cfg.tee)),
                       role="accelerate_c", max_restarts=cfg.max_restarts, monitor_interval=cfg.monitor_interval,
-                      start_method="spawn", shutdown_timeout=SHUTDOWN_TIMEOUT_S, **rdzv)
+                      start_method="spawn", **rdzv)
     agent_env = dict(env)
     if cfg.max_restarts > 0 and rdzv["rdzv_backend"] == "c10d":
         # A restarted group would otherwise reuse the rendezvous' TCPStore, where the previous attempt's
