@@ -187,10 +187,18 @@ def _clone(xs):
     ("bfloat16", torch.float32, False, torch.bfloat16, dict(lr=1e-3, wd=0.01, decoupled=True, maximize=False,
                                                             scale=1.0)),
     ("8bit", torch.bfloat16, False, None, dict(lr=1e-3, wd=0.01, decoupled=True, maximize=False, scale=0.25)),
+    ("8bit", torch.float32, False, torch.bfloat16, dict(lr=1e-3, wd=0.01, decoupled=True, maximize=False,
+                                                         scale=1.0, misalign=True)),
+    ("bfloat16", torch.float16, False, None, dict(lr=1e-3, wd=0.01, decoupled=True, maximize=False, scale=1.0,
+                                                  misalign=True)),
 ])
 def test_emulated_adam_equals_cpu_kernel(layout, grad_dtype, amsgrad, lp, cfg):
+    # misalign: params one element past an aligned address, so the kernels take their per-element paths (else the
+    # 4-wide accesses, and the 8-bit kernel's 8 code bytes per lane)
     params, states, lps, g = _adam_case(layout, grad_dtype, amsgrad, lp)
     p2, s2, l2 = _clone(params), [{k: v.clone() for k, v in s.items()} for s in states], _clone(lps)
+    if cfg.get("misalign"):
+        params, p2 = ([torch.cat([torch.zeros(1), p])[1:] for p in ps] for ps in (params, p2))
     for _ in range(3):
         grads = [torch.randn(p.numel(), generator=g).to(grad_dtype) for p in params]
         head, low = _adam_args(params, states, lps, grads, layout, amsgrad, cfg)

@@ -2,11 +2,11 @@
  * device (kernels.h), in CUDA C: the CPU kernels' element math (adam_math.h, sgd.h, qmap.h, fpconv.h) per thread,
  * compiled with -fmad=false, so the bits are the CPU's.
  *   dense kernel (fp32 and bf16 state): block b of a launch steps chunk b - first[t] (ACC_CU_CHUNK elements) of its
- *     tensor t; fp32 tensors whose arrays are aligned go 4 elements per access. bf16 state is written with the
+ *     tensor t; tensors whose arrays are aligned go 4 elements per access. bf16 state is written with the
  *     stochastic rounding of the element's logical index (qmap.h acc_sr_hash), so slicing and the grid change no bit.
  *   8-bit kernel: one warp per 256-element quantisation block, ACC_CU_QBLOCKS per CUDA block; a lane holds 8
- *     elements (lane + 32 j): dequantise, update, then the block's new absmax (a warp max of the bit patterns, as the
- *     CPU compares them) and the requantised codes.
+ *     consecutive elements (8 lane + j; one 8-byte access per code array): dequantise, update, then the block's
+ *     new absmax (a warp max of the bit patterns, as the CPU compares them) and the requantised codes.
  * Host mode: each tensor's scalars (lr/bc1 ...) and rounding seed are computed on the host by the CPU's own
  * function and travel in the launch. Device mode (capturable steps): each thread derives them from the step count
  * (and lr) in device memory, and a last kernel advances the counts: a CUDA graph replays the next step.
@@ -90,6 +90,30 @@ static inline ACC_HD void adam16_elem(const adam_item *t, const acc_adam_scalars
     S[i] = acc_f32_to_bf16_sr(v, h >> 16);
 }
 
+/* bf16 state, 4 consecutive elements 4q .. 4q+3 (aligned arrays, t->vec4): every load before the first store, one
+ * access per array; the same bits as adam16_elem */
+static inline ACC_HD void adam16_vec4(const adam_item *t, const acc_adam_scalars *c, uint32_t seed, uint64_t q) {
+    float g[4], p[4], m[4], v[4];
+    ld4f(t->grad, (acc_dtype)t->gdt, q, g);
+    ld4f(t->param, ACC_F32, q, p);
+    ld4f(t->m, ACC_BF16, q, m);
+    ld4f(t->v, ACC_BF16, q, v);
+    uint16_t um[4], uv[4];
+    for (int j = 0; j < 4; j++) {
+        acc_adam_update1(c, g[j], &p[j], &m[j], &v[j], NULL);
+        const uint32_t h = acc_sr_hash((uint32_t)(t->offset + 4 * q + (uint64_t)j), seed);
+        um[j] = acc_f32_to_bf16_sr(m[j], h);
+        uv[j] = acc_f32_to_bf16_sr(v[j], h >> 16);
+    }
+    st4f32(t->param, q, p);
+    if (t->lp) st4lp(t->lp, (acc_dtype)t->lpdt, q, p);
+    ushort4 hm, hv;
+    hm.x = um[0], hm.y = um[1], hm.z = um[2], hm.w = um[3];
+    hv.x = uv[0], hv.y = uv[1], hv.z = uv[2], hv.w = uv[3];
+    ((ushort4 *)t->m)[q] = hm;
+    ((ushort4 *)t->v)[q] = hv;
+}
+
 /* thread tid of nthr in chunk `blk` of tensor t (dense kernel) */
 static inline ACC_HD void adam_dense_thread(const adam_launch *L, const adam_item *t, uint32_t blk, uint32_t tid,
                                             uint32_t nthr) {
@@ -97,55 +121,93 @@ static inline ACC_HD void adam_dense_thread(const adam_launch *L, const adam_ite
     uint32_t seed;
     adam_scalars(L, t, &c, &seed);
     const uint64_t lo = (uint64_t)blk * ACC_CU_CHUNK, hi = cu_min64(lo + ACC_CU_CHUNK, t->n);
-    if (t->sdt == ACC_BF16) {
-        for (uint64_t i = lo + tid; i < hi; i += nthr) adam16_elem(t, &c, seed, i);
-        return;
-    }
+    const int bf16 = t->sdt == ACC_BF16;
     uint64_t i0 = lo;
     if (t->vec4) { /* lo is a multiple of 4; the groups end where the tensor's last whole group does */
         const uint64_t hv = hi & ~(uint64_t)3;
-        for (uint64_t q = lo / 4 + tid; q < hv / 4; q += nthr) adam32_vec4(t, &c, q);
+        for (uint64_t q = lo / 4 + tid; q < hv / 4; q += nthr) {
+            if (bf16) adam16_vec4(t, &c, seed, q);
+            else adam32_vec4(t, &c, q);
+        }
         i0 = hv;
     }
-    for (uint64_t i = i0 + tid; i < hi; i += nthr) adam32_elem(t, &c, i);
+    for (uint64_t i = i0 + tid; i < hi; i += nthr) {
+        if (bf16) adam16_elem(t, &c, seed, i);
+        else adam32_elem(t, &c, i);
+    }
 }
 
-/* 8-bit state, pass 1 of lane `lane` in quantisation block qb: its 8 elements dequantised and updated (param
- * written), the new m and v kept for pass 2, their largest |bits| returned. */
+/* 8-bit state, pass 1 of lane `lane` in quantisation block qb: its 8 consecutive elements qb*256 + 8 lane + j
+ * (one access per array where the block is whole and the arrays aligned, t->vec4), every load before the first
+ * store; dequantised and updated (param written), the new m and v kept for pass 2, their largest |bits| returned.
+ * Which lane holds which element changes no bit: the block's absmax is a maximum. */
 static inline ACC_HD void q8_update(const acc_qmap *qs, const acc_qmap *qu, const adam_item *t,
                                     const acc_adam_scalars *c, uint64_t qb, int lane, float m[8], float v[8],
                                     uint32_t *hm, uint32_t *hv) {
     const uint8_t *QM = (const uint8_t *)t->m, *QV = (const uint8_t *)t->v;
     const float am = t->absm[qb], av = t->absv[qb];
+    const uint64_t i0 = qb * ACC_QBLOCK + 8u * (uint64_t)lane;
+    const int k = i0 >= t->n ? 0 : (int)cu_min64(8, t->n - i0);
+    float p[8], g[8];
+    uint64_t cm = 0, cv = 0;
+    if (t->vec4 && k == 8) {
+        ld4f(t->param, ACC_F32, i0 / 4, p);
+        ld4f(t->param, ACC_F32, i0 / 4 + 1, p + 4);
+        ld4f(t->grad, (acc_dtype)t->gdt, i0 / 4, g);
+        ld4f(t->grad, (acc_dtype)t->gdt, i0 / 4 + 1, g + 4);
+        cm = *(const unsigned long long *)(QM + i0);
+        cv = *(const unsigned long long *)(QV + i0);
+    } else {
+        for (int j = 0; j < k; j++) {
+            p[j] = t->param[i0 + j];
+            g[j] = acc_load_elem(t->grad, (acc_dtype)t->gdt, i0 + j);
+            cm |= (uint64_t)QM[i0 + j] << (8 * j);
+            cv |= (uint64_t)QV[i0 + j] << (8 * j);
+        }
+    }
     uint32_t mm = 0, mv = 0;
     for (int j = 0; j < 8; j++) {
-        const uint64_t i = qb * ACC_QBLOCK + (uint64_t)lane + 32u * (uint64_t)j;
         m[j] = v[j] = 0.0f;
-        if (i >= t->n) continue;
-        float p = t->param[i];
-        m[j] = acc_q_decode(qs, 1, QM[i], am);
-        v[j] = acc_q_decode(qu, 0, QV[i], av);
-        acc_adam_update1(c, acc_load_elem(t->grad, (acc_dtype)t->gdt, i), &p, &m[j], &v[j], NULL);
-        t->param[i] = p;
-        if (t->lp) acc_store_lp(t->lp, (acc_dtype)t->lpdt, i, p);
+        if (j >= k) continue;
+        m[j] = acc_q_decode(qs, 1, (uint8_t)(cm >> (8 * j)), am);
+        v[j] = acc_q_decode(qu, 0, (uint8_t)(cv >> (8 * j)), av);
+        acc_adam_update1(c, g[j], &p[j], &m[j], &v[j], NULL);
         const uint32_t um = acc_f2u(m[j]) & 0x7fffffffu, uv = acc_f2u(v[j]) & 0x7fffffffu;
         mm = um > mm ? um : mm;
         mv = uv > mv ? uv : mv;
     }
+    if (t->vec4 && k == 8) {
+        st4f32(t->param, i0 / 4, p);
+        st4f32(t->param, i0 / 4 + 1, p + 4);
+        if (t->lp) st4lp(t->lp, (acc_dtype)t->lpdt, i0 / 4, p), st4lp(t->lp, (acc_dtype)t->lpdt, i0 / 4 + 1, p + 4);
+    } else {
+        for (int j = 0; j < k; j++) {
+            t->param[i0 + j] = p[j];
+            if (t->lp) acc_store_lp(t->lp, (acc_dtype)t->lpdt, i0 + j, p[j]);
+        }
+    }
     *hm = mm, *hv = mv;
 }
 
-/* pass 2: the lane's elements requantised with the block's new scales (bit patterns hm, hv) */
+/* pass 2: the lane's elements requantised with the block's new scales (bit patterns hm, hv), one store per array
+ * where pass 1 had one load */
 static inline ACC_HD void q8_encode(const acc_qmap *qs, const acc_qmap *qu, const adam_item *t, uint64_t qb,
                                     int lane, const float m[8], const float v[8], uint32_t hm, uint32_t hv) {
     uint8_t *QM = (uint8_t *)t->m, *QV = (uint8_t *)t->v;
     const float im = acc_q_inverse(acc_u2f(hm)), iv = acc_q_inverse(acc_u2f(hv));
-    for (int j = 0; j < 8; j++) {
-        const uint64_t i = qb * ACC_QBLOCK + (uint64_t)lane + 32u * (uint64_t)j;
-        if (i >= t->n) continue;
-        QM[i] = acc_q_encode(qs, 1, m[j], im);
-        QV[i] = acc_q_encode(qu, 0, v[j], iv);
+    const uint64_t i0 = qb * ACC_QBLOCK + 8u * (uint64_t)lane;
+    const int k = i0 >= t->n ? 0 : (int)cu_min64(8, t->n - i0);
+    uint64_t cm = 0, cv = 0;
+    for (int j = 0; j < k; j++) {
+        cm |= (uint64_t)acc_q_encode(qs, 1, m[j], im) << (8 * j);
+        cv |= (uint64_t)acc_q_encode(qu, 0, v[j], iv) << (8 * j);
     }
+    if (t->vec4 && k == 8) {
+        *(unsigned long long *)(QM + i0) = cm;
+        *(unsigned long long *)(QV + i0) = cv;
+        return;
+    }
+    for (int j = 0; j < k; j++) QM[i0 + j] = (uint8_t)(cm >> (8 * j)), QV[i0 + j] = (uint8_t)(cv >> (8 * j));
 }
 
 static inline ACC_HD int skipped(const float *found_inf) { return found_inf && *found_inf != 0.0f; }
@@ -246,9 +308,11 @@ static void adam_item_of(const acc_adam_config *cfg, const acc_cuda_adam_tensor 
         acc_adam_scalars_for(cfg, x->step, &t->c);
         t->seed = acc_sr_seed(x->step, x->salt);
     }
-    t->vec4 = x->state_dtype == ACC_F32 && cu_aligned(x->param, 16) && cu_aligned(x->exp_avg, 16) &&
-              cu_aligned(x->exp_avg_sq, 16) && cu_aligned(t->vmax, 16) &&
-              cu_aligned(x->grad, x->grad_dtype == ACC_F32 ? 16 : 8) && cu_aligned(x->lp_out, 8);
+    /* vector accesses: 4 elements (fp32 and bf16 state), or 8 per lane (8-bit: two groups of 4, 8 code bytes) */
+    const unsigned sb = x->state_dtype == ACC_F32 ? 16 : 8;
+    t->vec4 = cu_aligned(x->param, 16) && cu_aligned(x->exp_avg, sb) && cu_aligned(x->exp_avg_sq, sb) &&
+              cu_aligned(t->vmax, 16) && cu_aligned(x->grad, x->grad_dtype == ACC_F32 ? 16 : 8) &&
+              cu_aligned(x->lp_out, 8);
 }
 
 static uint32_t adam_blocks(const acc_cuda_adam_tensor *x) {
