@@ -247,7 +247,12 @@ def correctness_ops() -> None:
     found = torch.zeros(1, device="cuda")
     gradops.non_finite_check_and_unscale_(a, found, torch.tensor([0.5], device="cuda"))
     found_t = torch.zeros(1, device="cuda")
-    torch._amp_foreach_non_finite_check_and_unscale_(b, found_t, torch.tensor([0.5], device="cuda"))
+    # torch's kernel takes fp32/fp16 only (not bf16, whose reference is the exact multiply by 0.5 and an isfinite)
+    torch._amp_foreach_non_finite_check_and_unscale_([t for t in b if t.dtype != torch.bfloat16], found_t,
+                                                     torch.tensor([0.5], device="cuda"))
+    for t in (t for t in b if t.dtype == torch.bfloat16):
+        found_t += (~torch.isfinite(t)).any().float()
+        t.mul_(0.5)
     check("unscale (multi_scale_) vs torch._amp_foreach_non_finite_check_and_unscale_",
           sum(ndiff(u, v) for u, v in zip(a, b)) == 0 and float(found) == float(found_t) == 0.0, "bit-identical")
     a[1][3] = float("nan")
@@ -282,6 +287,12 @@ def correctness_graph_stream() -> None:
     for _ in range(3):
         cg.replay()
     torch.cuda.synchronize()
+    from accelerate_c.optim import cuda
+    dev = torch.device("cuda")
+    mine = [cuda.stream(dev) == torch.cuda.current_stream().cuda_stream]
+    with torch.cuda.stream(s):
+        mine.append(cuda.stream(dev) == s.cuda_stream != torch.cuda.default_stream().cuda_stream)
+    check("the kernels' stream handle is torch's current stream (default, then a side stream)", all(mine), str(mine))
     for name, other in (("CUDA graph (3 replays)", graph), ("non-default stream", side)):
         n = sum(ndiff(a, b) for a, b in zip(other.tensors(), eager.tensors()))
         worst = max(rel(a, b) for a, b in zip(other.params, eager.params))

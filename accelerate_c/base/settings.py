@@ -178,7 +178,7 @@ TABLE: tuple[Setting, ...] = (
        "copies and a separate cast after the step)", "sharding/pack.py (kernels_enabled, at every call)"),
     _S("CUDA_KERNELS", "bool", True, "CUDA tensors take accelerate_c._C_cuda's kernels (fused optimizers, casts, "
        "gradient passes, the sharded engine's copies) where the extension was built and torch sees a GPU (0: "
-       "torch's own kernels, the baseline of benchmarks/gpu_check.py)", "optim/cuda.py (kernels, at every call)"),
+       "torch's own kernels, the baseline of benchmarks/gpu_check.py)", "optim/cuda.py (kernels, at its first call)"),
     _S("SHARD_STAGING_MB", "float", 8.0, "MiB of each of the sharded engine's two gradient staging windows (a "
        "unit larger than one is reduce-scattered in pieces)", "sharding/config.py (ShardedConfig.staging_mb)",
        low=1 / 1024, high=1 << 20),

@@ -20,13 +20,12 @@ _LOADED = False
 
 def kernels() -> Any:
     """accelerate_c._C_cuda, or None: not built (no nvcc at install), no GPU torch can see, or
-    ACCELERATE_C_CUDA_KERNELS=0. The import happens on the first call on a machine with a GPU, never on a CPU one."""
+    ACCELERATE_C_CUDA_KERNELS=0. Decided on the first call (the variable too: a launch's hot path reads no
+    environment), where the import happens on a machine with a GPU, never on a CPU one."""
     global _MOD, _LOADED
-    if not settings.get("CUDA_KERNELS"):
-        return None
     if not _LOADED:
         _LOADED = True
-        if torch.cuda.is_available():
+        if settings.get("CUDA_KERNELS") and torch.cuda.is_available():
             try:
                 from .. import _C_cuda
             except ImportError:
@@ -48,8 +47,13 @@ def why_not() -> str:
     return "available"
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # CUDA builds of torch: no Stream object made
+
+
 def stream(device: torch.device) -> int:
     """torch's current stream on `device` as the int the kernels take (cudaStream_t)."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device.index if device.index is not None else torch.cuda.current_device())
     return torch.cuda.current_stream(device).cuda_stream
 
 
