@@ -223,6 +223,26 @@ def correctness_ops() -> None:
         check(f"cast fp32->{str(dt)[6:]} + amax vs CPU kernel and torch", ndiff(out, cpu) == 0 and ndiff(out, ref) == 0
               and float(amax) == float(am) == float(x.abs().max()),
               f"{ndiff(out, cpu)} / {ndiff(out, ref)} differing elements, amax {float(amax)} vs {float(am)}")
+    # the special values: NaN of either sign, infinities, fp32 and float8 subnormals, ties, the saturation edges
+    sp = torch.tensor([float("nan"), -float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-40, -1e-40, 1e-3,
+                       -7e-4, 2 ** -10, 3 * 2 ** -11, 447.9, 448.0, 463.9, 464.0, 480.0, -500.0, 57343.0, 57344.0,
+                       61439.0, 61440.0, -65504.0, 65520.0, 3e38, 1.00048828125, 1.0009765625])
+    xs = torch.cat([sp.repeat(41), (torch.randn(4096, generator=g) * 300)])
+    xs_c = xs.cuda()
+    for dt in (torch.bfloat16, torch.float16):
+        n = ndiff(cast(xs_c, dt), xs_c.to(dt))
+        check(f"cast fp32->{str(dt)[6:]} of NaN/inf/subnormal/ties vs torch .to()", n == 0, f"{n} differing elements")
+    for dt in (torch.float8_e4m3fn, torch.float8_e5m2):
+        for scale in (1.0, 0.125):
+            out, amax = cast(xs_c, dt, scale=scale, return_amax=True)
+            cpu = torch.empty(xs.shape, dtype=dt)
+            am = torch.empty((), dtype=torch.float32)
+            _C.cast(xs, cpu, scale, am, torch.get_num_threads())
+            ref = (xs_c * scale).clamp(-FP8_MAX[dt], FP8_MAX[dt]).to(dt)
+            same_amax = ndiff(amax.reshape(1).cpu(), am.reshape(1)) == 0
+            check(f"cast fp32->{str(dt)[6:]} (scale {scale}) of NaN/inf/subnormal/ties vs CPU kernel and torch",
+                  ndiff(out, cpu) == 0 and ndiff(out, ref) == 0 and same_amax,
+                  f"{ndiff(out, cpu)} / {ndiff(out, ref)} differing elements, amax {float(amax)} vs {float(am)}")
     ts = [torch.randn(n, generator=g).to(d).cuda() for n, d in
           [(1000, torch.float32), (77777, torch.bfloat16), (5, torch.float16), (300_000, torch.float32)]]
     for p in (1.0, 2.0, float("inf")):
@@ -298,6 +318,36 @@ def correctness_graph_stream() -> None:
         worst = max(rel(a, b) for a, b in zip(other.params, eager.params))
         check(f"adam {name} vs eager", worst <= 1e-6, f"{n} differing elements, max rel diff {worst:.2e}, steps "
               f"{[float(t) for t in steps['graph' if 'graph' in name else 'side']]}")
+
+
+def correctness_nccl() -> None:
+    """NCCL with world size 1 through the code the strategies use for device tensors (comm.group_for_device)."""
+    import socket
+
+    import torch.distributed as dist
+
+    from accelerate_c.comm.group import TorchGroup, group_for_device
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            device_id=torch.device("cuda", 0))
+    try:
+        grp = group_for_device(torch.device("cuda"))
+        x = torch.arange(1000, dtype=torch.float32, device="cuda")
+        got = {"all_reduce": grp.all_reduce(x.clone()), "broadcast": grp.broadcast(x.clone(), 0)}
+        out = torch.empty_like(x)
+        got["all_gather"] = grp.all_gather(out, x.clone())
+        out2 = torch.empty_like(x)
+        got["reduce_scatter"] = grp.reduce_scatter(out2, x.clone())
+        grp.all_reduce_async(y := x.clone()).wait()
+        got["all_reduce_async"] = y
+        bad = [k for k, v in got.items() if not torch.equal(v, x)]
+        check("NCCL (world size 1) through comm.group_for_device: all_reduce, broadcast, all_gather, reduce_scatter",
+              isinstance(grp, TorchGroup) and dist.get_backend() == "nccl" and not bad,
+              f"{type(grp).__name__} on {dist.get_backend()}; differing: {bad or 'none'}")
+    finally:
+        dist.destroy_process_group()
 
 
 # ---- speed ---------------------------------------------------------------------------------------------------------
@@ -398,6 +448,7 @@ def main() -> int:
     section("correctness: optimizers (CUDA vs the CPU kernel, vs torch)", correctness_optim)
     section("correctness: casts, norms, unscale, non-finite, copy-in", correctness_ops)
     section("correctness: CUDA graph capture and a non-default stream vs eager", correctness_graph_stream)
+    section("correctness: NCCL with world size 1", correctness_nccl)
     section("speed: fused AdamW", speed_optim, args.quick)
     section("speed: casts and launch overhead", speed_ops, args.quick)
     if not args.skip_train:

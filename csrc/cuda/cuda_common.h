@@ -72,6 +72,45 @@ static inline ACC_HD uint16_t cu_to16(float x, acc_dtype dt) {
     return x != x ? ACC_CUDA_NAN16 : acc_f32_to_f16(x);
 }
 
+/* The device's own conversion instructions for 4 elements at once, where it has them (device code only; the host
+ * emulation and older GPUs run the functions above, whose bits these give, as the GPU check verifies against the
+ * CPU kernel and torch): sm_80 cvt.rn.{bf16,f16}x2.f32 (canonical NaN 0x7FFF, as cu_to16), sm_89
+ * cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (inf saturates to the largest finite, as acc_f32_to_e4m3 / e5m2; NaN comes
+ * out as 0x7F, so its sign bit is put back as those functions keep it). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define ACC_CU_HW16 1
+static __device__ inline uint2 cu_hw16x4(const float y[4], int bf16) {
+    uint2 w;
+    if (bf16) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w.x) : "f"(y[1]), "f"(y[0]));
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w.y) : "f"(y[3]), "f"(y[2]));
+    } else {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w.x) : "f"(y[1]), "f"(y[0]));
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w.y) : "f"(y[3]), "f"(y[2]));
+    }
+    return w;
+}
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define ACC_CU_HW8 1
+static __device__ inline uint32_t cu_hw8x4(const float y[4], int e4m3) {
+    unsigned short lo, hi;
+    if (e4m3) {
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(y[1]), "f"(y[0]));
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(y[3]), "f"(y[2]));
+    } else {
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(y[1]), "f"(y[0]));
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(y[3]), "f"(y[2]));
+    }
+    uint32_t r = (uint32_t)lo | (uint32_t)hi << 16;
+    for (int j = 0; j < 4; j++) {
+        const uint32_t u = acc_f2u(y[j]);
+        if ((u & 0x7fffffffu) > 0x7f800000u) r |= (u >> 31) << (8 * j + 7);
+    }
+    return r;
+}
+#endif
+
 /* |x| widened to fp32 as an ordered key (cast.c's amax rule on the device): every NaN becomes the canonical
  * 0x7FC00000, above +inf, so the maximum of the keys is the amax's bits whatever the order */
 static inline ACC_HD uint32_t cu_amax_key(float x) {

@@ -225,18 +225,26 @@ static inline ACC_HD void cast_store4(const cast_args *a, uint64_t q, const floa
     switch (a->ddt) {
     case ACC_F32: st4f32((float *)a->dst, q, y); break;
     case ACC_BF16: case ACC_F16: {
+#ifdef ACC_CU_HW16
+        ((uint2 *)a->dst)[q] = cu_hw16x4(y, a->ddt == ACC_BF16);
+#else
         ushort4 h;
         h.x = cu_to16(y[0], (acc_dtype)a->ddt), h.y = cu_to16(y[1], (acc_dtype)a->ddt);
         h.z = cu_to16(y[2], (acc_dtype)a->ddt), h.w = cu_to16(y[3], (acc_dtype)a->ddt);
         ((ushort4 *)a->dst)[q] = h;
+#endif
         break;
     }
     default: {
+#ifdef ACC_CU_HW8
+        ((uint32_t *)a->dst)[q] = cu_hw8x4(y, a->ddt == ACC_E4M3);
+#else
         uint8_t u[4];
         for (int j = 0; j < 4; j++) u[j] = a->ddt == ACC_E4M3 ? acc_f32_to_e4m3(y[j]) : acc_f32_to_e5m2(y[j]);
         uchar4 b;
         b.x = u[0], b.y = u[1], b.z = u[2], b.w = u[3];
         ((uchar4 *)a->dst)[q] = b;
+#endif
     }
     }
 }
