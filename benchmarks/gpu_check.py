@@ -240,9 +240,18 @@ def correctness_ops() -> None:
             _C.cast(xs, cpu, scale, am, torch.get_num_threads())
             ref = (xs_c * scale).clamp(-FP8_MAX[dt], FP8_MAX[dt]).to(dt)
             same_amax = ndiff(amax.reshape(1).cpu(), am.reshape(1)) == 0
-            check(f"cast fp32->{str(dt)[6:]} (scale {scale}) of NaN/inf/subnormal/ties vs CPU kernel and torch",
-                  ndiff(out, cpu) == 0 and ndiff(out, ref) == 0 and same_amax,
-                  f"{ndiff(out, cpu)} / {ndiff(out, ref)} differing elements, amax {float(amax)} vs {float(am)}")
+            # A GPU's multiply returns the canonical (positive) NaN, an x86 one keeps the input's: after a scale,
+            # -NaN gives 0x7F on the device (torch's CUDA expression too) and 0xFF on the CPU. Only there may the
+            # two kernels differ, and only in the NaN code's sign.
+            codes, cpu_codes = out.cpu().view(torch.uint8), cpu.view(torch.uint8)
+            where = (codes != cpu_codes).nonzero().flatten()
+            nan_only = bool(torch.isnan(xs[where]).all()) and bool(((codes[where] & 0x7F) == 0x7F).all())
+            inputs = sorted({f"{float(v)}(bits {int(b) & 0xFFFFFFFF:#x})" for v, b in
+                             zip(xs[where][:50].tolist(), xs.view(torch.int32)[where][:50].tolist())})
+            check(f"cast fp32->{str(dt)[6:]} (scale {scale}) of NaN/inf/subnormal/ties vs torch, and vs the CPU "
+                  "kernel up to a NaN's sign", ndiff(out, ref) == 0 and nan_only and same_amax,
+                  f"{ndiff(out, ref)} differing from torch; {len(where)} from the CPU kernel, at inputs {inputs}; "
+                  f"amax bits {'equal' if same_amax else 'differ'}")
     ts = [torch.randn(n, generator=g).to(d).cuda() for n, d in
           [(1000, torch.float32), (77777, torch.bfloat16), (5, torch.float16), (300_000, torch.float32)]]
     for p in (1.0, 2.0, float("inf")):
