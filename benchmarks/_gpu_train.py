@@ -146,14 +146,28 @@ def _worker(args: list[str], out: str, timeout: float, launch: int = 0) -> list[
     return [json.load(open(f)) for f in files]
 
 
-def training(quick: bool, tmp: str, say: Callable[[str], None], check: Callable[[str, bool, str], None]) -> None:
-    """gpu_check.py's training section: every run in its own process, the figures through say / check."""
+def _burn(seconds: float) -> None:
+    """Matrix products for `seconds`, so the GPU's clocks are up before the first timed run (they idle low)."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    t = time.perf_counter()
+    while time.perf_counter() - t < seconds:
+        for _ in range(10):
+            a @ a
+        torch.cuda.synchronize()
+    del a
+    torch.cuda.empty_cache()
+
+
+def training(quick: bool, tmp: str, say: Callable[[str], None], check: Callable[[str, bool, str], None],
+             rounds: int = 1) -> None:
+    """gpu_check.py's training section: every run in its own process, the figures through say / check. `rounds` > 1
+    runs each library again (every other round in reverse order) and keeps its fastest run."""
     steps = 20 if quick else 40
+    _burn(2.0)
+    order = ("torch", "ours", "hf")
     for model in ("gpt", "llama"):
         recs: dict = {}
-        # each library twice, the second round in reverse order (the GPU's clocks ramp up over the first runs):
-        # its faster run counts
-        for lib in ("torch", "ours", "hf", "hf", "ours", "torch"):
+        for lib in [lib for r in range(rounds) for lib in (order if r % 2 == 0 else order[::-1])]:
             r = _worker(["--lib", lib, "--model", model, "--steps", str(steps)],
                         os.path.join(tmp, f"{model}_{lib}.json"), 300)[0]
             if lib not in recs or r["step_s"] < recs[lib]["step_s"]:
