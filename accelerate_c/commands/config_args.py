@@ -80,7 +80,8 @@ class ClusterConfig:
     same_network: bool = _opt(False, "bool", "machines share a local network (accepted; the rendezvous on the "
                               "main machine's address is the same either way)", flag="--same_network")
     main_training_function: str = _opt("main", "str", "TPU only: the function to launch")
-    enable_cpu_affinity: bool = _opt(False, "bool", "bind ranks to NUMA nodes", env="ACCELERATE_CPU_AFFINITY",
+    enable_cpu_affinity: bool = _opt(False, "bool", "bind each rank to CPUs: its GPU's NUMA node, or on the CPU a "
+                                     "disjoint share of the cores", env="ACCELERATE_CPU_AFFINITY",
                                      flag="--enable_cpu_affinity")
     fp8_config: dict = _opt({}, "dict", "FP8 recipe (see FP8Config)")
     deepspeed_config: dict = _opt({}, "dict", "DeepSpeed/ZeRO settings (see DeepSpeedBlock; docs/sharding_config.md)")

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.distributed as dist
 
+from . import affinity
 from .device import default_backend, select_device
 from .layout_build import trivial_layout
 from .probes import StateProbes
@@ -83,6 +84,8 @@ class PartialState:
         self.local_process_index = local_rank if world > 1 else 0
         self.local_num_processes = settings.env_int("LOCAL_WORLD_SIZE", default=world if world > 1 else 1)
         self.device = device
+        if settings.env_flag("ACCELERATE_CPU_AFFINITY"):  # launch --enable_cpu_affinity (HF's name and moment)
+            affinity.apply(device, self.local_process_index, self.local_num_processes, verbose=self.debug)
         if world == 1:
             self.distributed_type = DistributedType.NO
         elif use_cuda:
