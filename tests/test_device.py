@@ -187,3 +187,41 @@ def test_fp8_uses_scaled_mm_where_the_device_has_it(monkeypatch, cap, rows, k, n
     x = SimpleNamespace(is_cuda=True, shape=(rows, k), device="cuda:0")
     assert fp8._use_scaled_mm(x, SimpleNamespace(shape=(n, k))) is want
     assert fp8._use_scaled_mm(torch.zeros(32, 64), torch.zeros(48, 64)) is False
+
+
+def test_accelerate_torch_device_wins(no_accelerators):
+    # HF's ACCELERATE_TORCH_DEVICE sets the device whatever the probes say (it was ignored: MPS was picked)
+    no_accelerators.setattr(devmod, "mps_available", lambda: True)
+    assert PartialState().device == torch.device("mps")
+    AcceleratorState._reset_state(True)
+    no_accelerators.setenv("ACCELERATE_TORCH_DEVICE", "cpu")
+    assert PartialState().device == torch.device("cpu")
+
+
+def test_init_process_group_keywords_given_to_the_state(no_accelerators, tmp_path):
+    # HF documents `PartialState(**InitProcessGroupKwargs(...).to_kwargs())`: the keywords reach init_process_group
+    # (they were dropped: timeout 1800 s and init_method None whatever was given). AcceleratorState's own keywords
+    # (the parallel settings) never reach it.
+    from datetime import timedelta
+
+    from conftest import free_port
+    mp = no_accelerators
+    seen = []
+    real = dist.init_process_group
+
+    def record(**kw):
+        seen.append(kw)
+        real(backend=kw["backend"], init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+             timeout=kw["timeout"])
+
+    mp.setattr(dist, "init_process_group", record)
+    for var, value in (("WORLD_SIZE", "2"), ("RANK", "0"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
+        mp.setenv(var, value)  # (restored afterwards, the two the state would set by default included)
+    try:
+        AcceleratorState(cpu=True, timeout=timedelta(seconds=7), init_method="env://", backend="gloo",
+                         parallelism_config=None, torch_tp_plugin=None, megatron_lm_plugin=None)
+        assert seen == [dict(backend="gloo", init_method="env://", rank=0, world_size=2,
+                             timeout=timedelta(seconds=7))], seen
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

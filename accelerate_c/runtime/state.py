@@ -61,20 +61,24 @@ class PartialState:
         rank = settings.env_int("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", default=0)
         local_rank = settings.env_int("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", default=rank)
         distributed = world > 1 or dist.is_initialized()
-        device = select_device(self._cpu, local_rank, distributed)
+        forced = settings.env_value("ACCELERATE_TORCH_DEVICE")  # HF: this device, whatever select_device would say
+        device = torch.device(forced) if forced else select_device(self._cpu, local_rank, distributed)
         use_cuda = device.type == "cuda"
         self.backend: Optional[str] = None
         if distributed:
             if not dist.is_initialized():
-                init_kwargs = kwargs.get("init_kwargs") or {}
-                backend = default_backend(device, init_kwargs.get("backend"))
-                timeout = init_kwargs.get("timeout") or timedelta(seconds=1800)
+                # the Accelerator's InitProcessGroupKwargs, and, as HF, init_process_group's own keywords given to
+                # PartialState (`PartialState(**InitProcessGroupKwargs(...).to_kwargs())`, HF's documented way)
+                init_kwargs = {**(kwargs.get("init_kwargs") or {}),
+                               **{k: v for k, v in kwargs.items() if k != "init_kwargs" and not k.startswith("_")}}
+                backend = default_backend(device, init_kwargs.pop("backend", None))
+                timeout = init_kwargs.pop("timeout", None) or timedelta(seconds=1800)
                 settings.env_setdefault("MASTER_ADDR", "127.0.0.1")
                 settings.env_setdefault("MASTER_PORT", "29500")
                 if use_cuda:
                     torch.cuda.set_device(device)
-                dist.init_process_group(backend=backend, init_method=init_kwargs.get("init_method"),
-                                        rank=rank, world_size=world, timeout=timeout)
+                dist.init_process_group(backend=backend, init_method=init_kwargs.pop("init_method", None),
+                                        rank=rank, world_size=world, timeout=timeout, **init_kwargs)
             elif use_cuda:
                 torch.cuda.set_device(device)
             self.backend = dist.get_backend()
@@ -254,7 +258,11 @@ class AcceleratorState(StateProbes):
                                                 "parallel_layout"]
 
     def __init__(self, mixed_precision: Optional[str] = None, cpu: bool = False, dynamo_plugin: Any = None,
-                 deepspeed_plugin: Any = None, fsdp_plugin: Any = None, **kwargs: Any) -> None:
+                 deepspeed_plugin: Any = None, fsdp_plugin: Any = None, torch_tp_plugin: Any = None,
+                 megatron_lm_plugin: Any = None, parallelism_config: Any = None, _from_accelerator: bool = False,
+                 **kwargs: Any) -> None:
+        # (HF's signature: the three parallel settings are the Accelerator's to settle here; the rest of kwargs are
+        # PartialState's, init_process_group's keywords included)
         self.__dict__ = self._shared_state
         if PartialState._shared_state == {}:
             PartialState(cpu, **kwargs)
