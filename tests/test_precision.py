@@ -123,6 +123,34 @@ def test_fp8_delayed_scaling_and_filter():
     assert model[0].g_state.dtype is torch.float8_e4m3fn
 
 
+@pytest.mark.parametrize("during_eval", [None, True])
+def test_fp8_in_eval_mode_follows_the_recipe(monkeypatch, during_eval):
+    # HF's Transformer Engine rule: fp8 layers compute in high precision in eval mode unless the recipe's
+    # use_autocast_during_eval (or ACCELERATE_FP8_USE_AUTOCAST_DURING_EVAL) says otherwise, and an eval forward
+    # records no amax. The field was accepted and ignored (eval forwards quantised and fed the history).
+    monkeypatch.delenv("ACCELERATE_FP8_USE_AUTOCAST_DURING_EVAL", raising=False)
+    handler = FP8RecipeKwargs(fp8_format="E4M3", use_delayed_scaling=True, use_autocast_during_eval=during_eval)
+    acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[handler])
+    torch.manual_seed(0)
+    model = acc.prepare(torch.nn.Sequential(torch.nn.Linear(32, 16)))
+    x = torch.randn(5, 32)
+    model(x).sum().backward()  # training mode: quantised, one amax recorded
+    full = torch.nn.functional.linear(x, model[0].weight, model[0].bias)
+    assert len(model[0].x_state.history) == 1
+    model.eval()
+    with torch.no_grad():
+        out = model(x)
+    if during_eval:
+        assert not torch.allclose(out, full, rtol=0, atol=1e-6) and len(model[0].x_state.history) == 2
+    else:
+        assert torch.equal(out, full) and len(model[0].x_state.history) == 1
+    model.train()
+    assert not torch.allclose(model(x), full, rtol=0, atol=1e-6)
+    monkeypatch.setenv("ACCELERATE_FP8_USE_AUTOCAST_DURING_EVAL", "1")  # HF's variable when the field is unset
+    from accelerate_c.precision.fp8 import FP8Config
+    assert FP8Config.from_handler(FP8RecipeKwargs()).use_autocast_during_eval is True
+
+
 def test_fp8_config_errors(monkeypatch):
     with pytest.raises(ValueError, match="fp8_format"):
         Accelerator(mixed_precision="fp8", kwargs_handlers=[FP8RecipeKwargs(fp8_format="E5M3")])

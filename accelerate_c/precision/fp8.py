@@ -34,13 +34,16 @@ class FP8Config:
     amax_compute_algo: str = "max"      # "max" or "most_recent"
     margin: int = 0
     module_filter_func: Optional[Callable[[torch.nn.Module, str], bool]] = None
+    use_autocast_during_eval: bool = False  # HF (Transformer Engine recipe): fp8 layers compute in high precision
+    #                                         in eval mode unless this is set
 
     @classmethod
     def from_handler(cls, handler: Any) -> "FP8Config":
         cfg = cls()
         env = {"fp8_format": "ACCELERATE_FP8_FORMAT", "amax_history_len": "ACCELERATE_FP8_AMAX_HISTORY_LEN",
                "amax_compute_algo": "ACCELERATE_FP8_AMAX_COMPUTE_ALGO", "margin": "ACCELERATE_FP8_MARGIN",
-               "use_delayed_scaling": "ACCELERATE_FP8_DELAYED_SCALING"}
+               "use_delayed_scaling": "ACCELERATE_FP8_DELAYED_SCALING",
+               "use_autocast_during_eval": "ACCELERATE_FP8_USE_AUTOCAST_DURING_EVAL"}
         for name, var in env.items():
             value = getattr(handler, name, None) if handler is not None else None
             if value is None:
@@ -170,6 +173,8 @@ class FP8Linear(torch.nn.Linear):
         self.g_state = ScaleState(grad_dtype, cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not fp8_active(self):
+            return torch.nn.functional.linear(x, self.weight, self.bias)
         return _FP8LinearFn.apply(x, self.weight, self.bias, self)
 
     def extra_repr(self) -> str:
@@ -223,6 +228,13 @@ def attach_fp8(module: torch.nn.Module, cfg: FP8Config) -> None:
 def is_fp8_layer(m: torch.nn.Module) -> bool:
     """An FP8Linear, or a tensor-parallel linear given the fp8 scaling states (attach_fp8)."""
     return isinstance(m, FP8Linear) or (getattr(m, "fp8_attachable", False) and hasattr(m, "g_state"))
+
+
+def fp8_active(m: torch.nn.Module) -> bool:
+    """Whether fp8 layer `m` quantises in this forward: in training mode always; in eval mode only with the recipe's
+    use_autocast_during_eval (HF's Transformer Engine rule: evaluation in high precision by default). No amax is
+    recorded in a forward that does not quantise."""
+    return m.training or m.x_state.cfg.use_autocast_during_eval
 
 
 def recompute_context_fn(module: torch.nn.Module) -> Optional[Callable[[], tuple]]:

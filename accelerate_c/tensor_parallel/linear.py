@@ -213,6 +213,11 @@ class SiblingGroup:
         self.clear()
 
 
+def _fp8_active(m: nn.Module) -> bool:
+    from ..precision.fp8 import fp8_active  # (the fp8 rule's one place; imported where fp8 is in use)
+    return fp8_active(m)
+
+
 def _amax_max(group: Any, amax: float) -> float:
     t = torch.tensor([amax], dtype=torch.float32)
     group.all_reduce(t, "max")
@@ -239,7 +244,7 @@ class ColwiseLinear(nn.Linear):
 
 def column_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     alias, share = m._tp_group.input_for(x)
-    fp8 = hasattr(m, "g_state")
+    fp8 = hasattr(m, "g_state") and _fp8_active(m)
     if not fp8:
         if share is None or not torch.is_grad_enabled():
             return F.linear(alias, m.weight, m.bias)
@@ -271,7 +276,7 @@ class RowwiseLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._tp_split_input:
             x = SplitLast.apply(x, self._tp_comm)
-        if hasattr(self, "g_state"):  # fp8 (precision/fp8.py attach_fp8)
+        if hasattr(self, "g_state") and _fp8_active(self):  # fp8 (precision/fp8.py attach_fp8)
             from ..precision.fp8 import fake_quant
             return RowLinear.apply(fake_quant(x, self.x_state), fake_quant(self.weight, self.w_state), self.bias,
                                    self._tp_comm, self.g_state)
