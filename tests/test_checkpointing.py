@@ -210,6 +210,14 @@ def test_data_position_saved_but_restored_only_when_stateful(tmp_path):
     assert (stateful.loader.epoch, stateful.loader.batches_consumed) == (2, 17)
 
 
+def test_deepspeed_only_save_keywords_are_named(tmp_path, caplog):
+    # save_state's extra keywords (HF hands them to DeepSpeed's save_checkpoint) were dropped without a word
+    import logging
+    with caplog.at_level(logging.WARNING):
+        save_state(FakeAccelerator(), str(tmp_path / "ck"), exclude_frozen_parameters=True, tag="t")
+    assert "have no effect in accelerate_c" in caplog.text and "exclude_frozen_parameters, tag" in caplog.text
+
+
 def test_hooks_custom_count_and_map_location(tmp_path):
     acc = FakeAccelerator()
     seen = {}

@@ -517,3 +517,16 @@ def test_callable_and_no_split_wrap_policies_give_units(sharding_env):
                                       FSDP(auto_wrap_policy="TRANSFORMER_BASED_WRAP")},
                                      env={})
     assert cfg.transformer_layer_cls == () and units(cfg) == layers  # from GPT2's _no_split_modules
+
+
+def test_param_init_fn_is_named_as_not_called(caplog):
+    # FSDP1's param_init_fn was accepted and silently never called; under version 1 the conversion notes now say so
+    # (FSDP2, HF's default, does not use it in HF either)
+    import logging
+    with caplog.at_level(logging.WARNING):
+        plugin = FSDP(fsdp_version=1, param_init_fn=lambda m: None)
+    assert "param_init_fn is not called" in caplog.text and plugin.fsdp_version == 2
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        FSDP(fsdp_version=2, param_init_fn=lambda m: None)
+    assert "param_init_fn" not in caplog.text

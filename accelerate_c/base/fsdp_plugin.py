@@ -157,6 +157,9 @@ class FullyShardedDataParallelPlugin:
         if not isinstance(self.limit_all_gathers, bool):
             raise ValueError(f"FullyShardedDataParallelPlugin: limit_all_gathers={self.limit_all_gathers!r}; "
                              "allowed: True or False")
+        if v1 and self.param_init_fn is not None:
+            notes.append("param_init_fn is not called: a model on the meta device is initialised by each module's "
+                         "reset_parameters() (or the model's own weight init), as under FSDP2.")
         self.fsdp_version = 2  # FSDP2 semantics from here on (a version-1 setting was mapped above)
         if notes:
             logger.warning("FSDP2 conversion notes:\n" + "\n".join(notes))

@@ -94,6 +94,9 @@ def save_state(accelerator: Any, output_dir: Optional[str] = None, safe_serializ
     output_dir, auto_root = output_dir_for(pc, output_dir)
     if not safe_serialization:
         logger.info("accelerate_c checkpoints never pickle: model weights are written as safetensors anyway")
+    if save_model_func_kwargs:  # HF hands them to DeepSpeed's save_checkpoint; our checkpoint has no such options
+        logger.warning("save_state: these keywords have no effect in accelerate_c (HF passes them to DeepSpeed's "
+                       "save_checkpoint): %s", ", ".join(sorted(save_model_func_kwargs)))
     tmp = _open_temp_dir(accelerator, coord, output_dir, auto_root)
     # Every rank writes the model/optimizer pieces it owns (no gather), its RNG and its data position.
     strategy = strategy_of(accelerator)
