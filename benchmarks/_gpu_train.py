@@ -27,8 +27,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def build_model(name: str) -> torch.nn.Module:
+def build_model(name: str, tiny: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
+    if name == "gpt" and tiny:  # (the CPU check of this script's plumbing)
+        spec = importlib.util.spec_from_file_location("_demo_gpt", os.path.join(ROOT, "examples", "train_gpt.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod.GPT(vocab=256, block_size=128, n_layer=2, n_head=2, n_embd=32)
     if name == "gpt":
         spec = importlib.util.spec_from_file_location("_demo_gpt", os.path.join(ROOT, "examples", "train_gpt.py"))
         mod = importlib.util.module_from_spec(spec)
@@ -54,14 +59,15 @@ def loss_of(model_name: str, model: torch.nn.Module, x: torch.Tensor) -> torch.T
 
 def run(args: argparse.Namespace) -> dict:
     dev = torch.device(args.device)
-    model = build_model(args.model)
+    model = build_model(args.model, args.tiny)
     data = batches(args.model, args.steps, args.global_batch)
     acc = None
     if args.lib == "torch":
         model = model.to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, fused=dev.type == "cuda")
-        auto = (torch.autocast(dev.type, dtype=torch.bfloat16) if args.precision == "bf16"
-                else contextlib.nullcontext())
+        low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+        auto = torch.autocast(dev.type, dtype=low) if low is not None else contextlib.nullcontext()
+        scaler = torch.amp.GradScaler(dev.type) if args.precision == "fp16" else None
     else:
         if args.lib == "ours":
             import accelerate_c as lib
@@ -78,9 +84,14 @@ def run(args: argparse.Namespace) -> dict:
         model, opt = acc.prepare(model, opt)
         dev = acc.device
         auto = contextlib.nullcontext()
+        scaler = None
     rank, world = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
-    losses, t0, warm = [], 0.0, min(5, args.steps - 1)
-    for i, x in enumerate(data):
+    first = 0
+    if args.resume:  # the state saved after --save_at steps: continue from there (the batches before it skipped)
+        acc.load_state(args.resume)
+        first = args.save_at
+    losses, skipped, t0, warm = [], [], 0.0, min(5, args.steps - first - 1)
+    for i, x in enumerate(data[first:]):
         if i == warm:
             if dev.type == "cuda":
                 torch.cuda.synchronize()
@@ -88,14 +99,21 @@ def run(args: argparse.Namespace) -> dict:
         x = x.chunk(world)[rank].to(dev, non_blocking=True)
         with auto:
             loss = loss_of(args.model, model, x)
-        if acc is None:
-            loss.backward()
+        if scaler is not None:  # the plain fp16 loop: torch's GradScaler
+            before = scaler.get_scale()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            skipped.append(scaler.get_scale() < before)
         else:
-            acc.backward(loss)
-        opt.step()
+            loss.backward() if acc is None else acc.backward(loss)
+            opt.step()
+            skipped.append(bool(acc.optimizer_step_was_skipped) if acc is not None else False)
         opt.zero_grad(set_to_none=True)
         d = loss.detach().float().reshape(1)
         losses.append(acc.gather(d).mean().reshape(1) if world > 1 else d)
+        if args.save_at and not args.resume and first + i + 1 == args.save_at:
+            acc.save_state(args.ckpt)
     if dev.type == "cuda":
         torch.cuda.synchronize()
     step_s = (time.perf_counter() - t0) / max(1, args.steps - warm)
@@ -128,7 +146,7 @@ def run(args: argparse.Namespace) -> dict:
             fh.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
             fh.write("\n\nPython functions, five steps (cProfile, by own time):\n" + text.getvalue())
     return {"lib": args.lib, "model": args.model, "precision": args.precision, "strategy": args.strategy,
-            "world": world, "rank": rank, "losses": torch.cat(losses).tolist(), "step_s": step_s,
+            "world": world, "rank": rank, "losses": torch.cat(losses).tolist(), "skipped": skipped, "step_s": step_s,
             "max_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else 0.0}
 
 
@@ -204,17 +222,42 @@ def training(quick: bool, tmp: str, say: Callable[[str], None], check: Callable[
             check(f"two processes on one GPU (gloo, CUDA tensors), {strategy}", False, str(e)[-600:])
 
 
+def fp16_and_resume(quick: bool, tmp: str, say: Callable[[str], None],
+                    check: Callable[[str, bool, str], None]) -> None:
+    """gpu_check.py's fp16 and checkpoint section: fp16 (torch's GradScaler on CUDA) against the plain autocast +
+    GradScaler loop, and save_state after 10 of 20 steps then load_state in a new process: the resumed steps must
+    give the uninterrupted run's losses bit for bit (GradScaler, optimizer and RNG states on the device)."""
+    common = ["--model", "gpt", "--precision", "fp16", "--steps", "20"]
+    ref = _worker(["--lib", "torch", *common], os.path.join(tmp, "fp16_torch.json"), 300)[0]
+    ckpt = os.path.join(tmp, "ckpt")
+    whole = _worker(["--lib", "ours", *common, "--save_at", "10", "--ckpt", ckpt],
+                    os.path.join(tmp, "fp16_ours.json"), 300)[0]
+    d = max(abs(a - b) / abs(b) for a, b in zip(whole["losses"], ref["losses"]))
+    check("fp16 (GradScaler) losses vs the plain autocast + GradScaler loop", d <= 2e-2 and
+          whole["skipped"] == ref["skipped"], f"max rel diff {d:.1e} (tolerance 2e-2), skipped steps "
+          f"{[i for i, s in enumerate(whole['skipped']) if s]} vs {[i for i, s in enumerate(ref['skipped']) if s]}")
+    resumed = _worker(["--lib", "ours", *common, "--save_at", "10", "--resume", ckpt],
+                      os.path.join(tmp, "fp16_resumed.json"), 300)[0]
+    same = resumed["losses"] == whole["losses"][10:]
+    check("save_state after 10 fp16 steps, load_state in a new process: steps 10..19 bit for bit", same,
+          f"resumed {resumed['losses'][:3]} ... vs uninterrupted {whole['losses'][10:13]} ...")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--lib", choices=["torch", "ours", "hf"], required=True)
     p.add_argument("--model", choices=["gpt", "llama"], required=True)
-    p.add_argument("--precision", choices=["bf16", "fp8", "no"], default="bf16")
+    p.add_argument("--precision", choices=["bf16", "fp16", "fp8", "no"], default="bf16")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--global_batch", type=int, default=16)
     p.add_argument("--strategy", choices=["ddp", "zero3"], default=None)
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", required=True)
     p.add_argument("--profile", default="", help="also write torch's profiler table of five steps to this file")
+    p.add_argument("--tiny", action="store_true", help="a 2-layer, 32-wide GPT (checking the plumbing on a CPU)")
+    p.add_argument("--save_at", type=int, default=0, help="ours/hf: save_state to --ckpt after this many steps")
+    p.add_argument("--ckpt", default="", help="the checkpoint folder of --save_at")
+    p.add_argument("--resume", default="", help="ours/hf: load_state from this folder and run steps save_at ..")
     args = p.parse_args()
     rec = run(args)
     out = args.out if rec["world"] == 1 else f"{args.out}.{rec['rank']}.json"

@@ -3,7 +3,8 @@
 # correctness first (each CUDA kernel against the CPU kernel and against torch, CUDA graph capture and a non-default
 # stream against eager), then speed with every baseline from the same run (torch's fused AdamW, a device copy of the
 # same bytes, torch's casts), then training (benchmarks/_gpu_train.py: the demo GPT and a transformers Llama in bf16
-# against the plain autocast loop and HF Accelerate, fp8 against bf16, two processes on the one GPU against one), and
+# against the plain autocast loop and HF Accelerate, fp8 against bf16, two processes on the one GPU against one; fp16
+# with torch's GradScaler against the plain loop, and save_state / load_state resuming bit for bit), and
 # appends the output with the exact command to benchmarks/RESULTS.md (--no-record: not).
 #   python benchmarks/gpu_check.py [--quick] [--no-record] [--skip-train] [--rounds N]
 # Exit codes: 0 done (or no CUDA device: it says "no CUDA device" and measures nothing), 1 a correctness check failed,
@@ -465,9 +466,10 @@ def main() -> int:
     if not args.skip_train:
         import tempfile
         with tempfile.TemporaryDirectory() as tmp:
-            from _gpu_train import training
+            from _gpu_train import fp16_and_resume, training
             section("training (one GPU, bf16/fp8; two processes on it)", training, args.quick, tmp, say, check,
                     args.rounds)
+            section("fp16 (GradScaler) and an exact resume on the GPU", fp16_and_resume, args.quick, tmp, say, check)
     say(f"\ntotal {time.perf_counter() - start:.0f} s; {'FAILED: ' + ', '.join(FAILED) if FAILED else 'all checks ok'}")
     if not args.no_record:
         from _results import append_results
