@@ -349,3 +349,16 @@ def test_gpu_check_without_a_gpu_says_so_and_exits_0():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("no CUDA device"), out.stdout
+
+
+def test_gpu_check_training_plumbing_on_the_cpu(tmp_path, monkeypatch):
+    # The GPU check's fp16 / exact-resume section, its worker processes on the CPU with a tiny model: the plumbing a
+    # GPU session relies on (device time is scarce; a broken script would spend it)
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+    import _gpu_train as g
+    worker = g._worker
+    monkeypatch.setattr(g, "_worker", lambda args, out, timeout, launch=0: worker(
+        args + ["--device", "cpu", "--global_batch", "4", "--tiny"], out, timeout, launch))
+    results = []
+    g.fp16_and_resume(True, str(tmp_path), lambda line: None, lambda name, ok, detail: results.append((name, ok)))
+    assert len(results) == 2 and all(ok for _, ok in results), results
