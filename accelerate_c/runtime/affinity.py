@@ -14,10 +14,12 @@ from typing import Optional
 import torch
 
 logger = logging.getLogger(__name__)
+MAX_CPU = 65535  # above any kernel's CPU count: a larger number in a cpulist is garbage, not a range to expand
 
 
 def parse_cpu_list(text: str) -> list[int]:
-    """The kernel's cpulist format ("0-3,8,10-11") as a sorted list; a malformed entry is a ValueError naming it."""
+    """The kernel's cpulist format ("0-3,8,10-11") as a sorted list; a malformed entry (or a CPU number above
+    MAX_CPU) is a ValueError naming it."""
     cpus: set[int] = set()
     for part in text.strip().split(","):
         if not part:
@@ -27,8 +29,8 @@ def parse_cpu_list(text: str) -> list[int]:
             a, b = int(lo), int(hi) if sep else int(lo)
         except ValueError:
             raise ValueError(f"cpu list {text.strip()!r}: {part!r} is not a CPU number or range") from None
-        if a < 0 or b < a:
-            raise ValueError(f"cpu list {text.strip()!r}: {part!r} is not a CPU number or range")
+        if a < 0 or b < a or b > MAX_CPU:
+            raise ValueError(f"cpu list {text.strip()!r}: {part!r} is not a CPU number or range (0..{MAX_CPU})")
         cpus.update(range(a, b + 1))
     return sorted(cpus)
 
