@@ -26,11 +26,12 @@ from conftest import free_port
 from fold import Case, Group, launch_cmd, run_checks, run_group
 
 
-def _close(a, b, tol, what):
+def _close(a, b, tol, what, wider=None):
+    """Every tensor of a within tol of b's (wider: {name: a larger tolerance} for named tensors)."""
     assert a.keys() == b.keys(), (what, sorted(set(a) ^ set(b)))
     for k in a:
         diff = (a[k].float() - b[k].float()).abs().max().item() if a[k].numel() else 0.0
-        assert diff <= tol, f"{what}: {k} differs by {diff}"
+        assert diff <= (wider or {}).get(k, tol), f"{what}: {k} differs by {diff}"
 
 
 def _assemble(got, nproc, shapes):
@@ -182,7 +183,7 @@ def _check_get_state_dict(got, nproc, nkeys):
             assert rec["equal"], rec
 
 
-def _check(ref, got, model, stage, nproc, extra, shard_ranks=None, otol=None):
+def _check(ref, got, model, stage, nproc, extra, shard_ranks=None, otol=None, wider=None):
     bf16 = "--bf16" in extra
     tol = 2e-3 if bf16 else 1e-5  # bf16: gradients reduced in bf16 against the reference's fp32 sums
     la, lb = json.loads((ref / "losses.json").read_text()), json.loads((got / "losses.json").read_text())
@@ -190,7 +191,7 @@ def _check(ref, got, model, stage, nproc, extra, shard_ranks=None, otol=None):
     for i, (x, y) in enumerate(zip(la, lb)):
         assert abs(x - y) <= tol * max(1.0, abs(x)), f"step {i}: {x} vs {y}"
     ref_w, got_w = load_file(str(ref / "weights.safetensors")), load_file(str(got / "weights.safetensors"))
-    _close(ref_w, got_w, tol, "weights")
+    _close(ref_w, got_w, tol, "weights", wider)
 
     _check_get_state_dict(got, nproc, len(got_w))
     if stage == 0:

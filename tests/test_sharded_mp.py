@@ -63,8 +63,13 @@ def _check_edges(ref, got, model, stage, nproc, extra) -> None:
     # _check reads "--bf16" as "2-byte collectives, bf16 tolerances": true of fp16 too
     # SGD's momentum buffers sum whole clipped gradients (~0.5 here), reduced in bf16 against the reference's fp32
     # sums: bf16's relative rounding (2**-8) of them, 2e-3 (the weights' bf16 tolerance)
+    # GPT-2's tied embedding under bf16: the rows of tokens the batches never use get only the LM head's tiny
+    # gradients, mostly bf16 rounding noise, which AdamW (lr 1e-2, eps 1e-4) turns into steps of up to ~lr in either
+    # direction; how much noise depends on the host's bf16 matmul kernels. Measured: within 2e-3 on AVX-512 hosts,
+    # 2.4e-3 on an AVX2-only AMD EPYC (the same run every time); 5e-3 bounds it, every other weight keeps 2e-3
+    tied = {k: 5e-3 for k in ("lm_head.weight", "transformer.wte.weight")} if model == "gpt2" else None
     _check(ref, got, model, stage, nproc, extra + (["--bf16"] if fp16 else []),
-           otol=2e-3 if "sgd" in extra else None)
+           otol=2e-3 if "sgd" in extra else None, wider=tied)
     _dtypes_ok(got, model, "torch.float16" if fp16 else "torch.bfloat16", nproc)
 
 
