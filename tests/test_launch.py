@@ -144,21 +144,24 @@ def test_rendezvous_timeout_from_the_environment(monkeypatch):
             launch.rendezvous(two)
 
 
-def test_launch_config_on_a_torch_without_shutdown_timeout(monkeypatch):
+def test_launch_config_on_a_torch_without_shutdown_timeout(monkeypatch, tmp_path):
     # torch 2.11 (the H200 machine's) has no LaunchConfig.shutdown_timeout: `launch` and notebook_launcher built the
     # config with it and failed with a TypeError before any rank started (found by benchmarks/gpu_check.py).
+    # (logs_specs given: torch's default one makes a torchelastic_* folder in the machine's temp directory)
     import dataclasses
     import torch.distributed.launcher.api as api
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     real = api.LaunchConfig
     fields = [(f.name, f.type, f) for f in dataclasses.fields(real) if f.name != "shutdown_timeout"]
     older = dataclasses.make_dataclass("LaunchConfig", fields)
     monkeypatch.setattr(api, "LaunchConfig", older)
-    cfg = launch.launch_config(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="x")
+    logs = DefaultLogsSpecs(log_dir=str(tmp_path / "logs"))
+    cfg = launch.launch_config(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="x", logs_specs=logs)
     assert isinstance(cfg, older) and cfg.nproc_per_node == 2
     monkeypatch.setattr(api, "LaunchConfig", real)
     if "shutdown_timeout" in {f.name for f in dataclasses.fields(real)}:
-        assert launch.launch_config(min_nodes=1, max_nodes=1, nproc_per_node=2).shutdown_timeout == \
-            launch.SHUTDOWN_TIMEOUT_S
+        assert launch.launch_config(min_nodes=1, max_nodes=1, nproc_per_node=2,
+                                    logs_specs=logs).shutdown_timeout == launch.SHUTDOWN_TIMEOUT_S
     import accelerate_c
     pkg = os.path.dirname(accelerate_c.__file__)
     direct = [os.path.relpath(os.path.join(d, f), pkg) for d, _, fs in os.walk(pkg) for f in fs if f.endswith(".py")

@@ -203,15 +203,18 @@ def test_torchrun_keeps_its_folders_in_the_session_scratch(tmp_path):
 
 
 def test_a_test_session_leaves_nothing_in_the_temp_directory(tmp_path):
-    """pytest over a torchrun launch, in a TMPDIR of its own: afterwards nothing of the session is left there
-    (before: a torchelastic_* folder per torchrun launch stayed in the machine's temp directory)."""
+    """pytest over a torchrun launch, and over a test that builds torch's LaunchConfig in the pytest process, in a
+    TMPDIR of its own: afterwards nothing of the session is left there (before: a torchelastic_* folder per torchrun
+    launch, and one per LaunchConfig built without logs_specs, stayed in the machine's temp directory)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.update(TMPDIR=str(tmp), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "torch-cache"))
-    node = f"{__file__}::test_torchrun_keeps_its_folders_in_the_session_scratch"
+    nodes = [f"{__file__}::test_torchrun_keeps_its_folders_in_the_session_scratch",
+             os.path.join(os.path.dirname(__file__), "test_launch.py") +
+             "::test_launch_config_on_a_torch_without_shutdown_timeout"]
     job = Job([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
-               f"--basetemp={tmp_path / 'basetemp'}", node], tmp_path / "logs", "pytest", env)
+               f"--basetemp={tmp_path / 'basetemp'}", *nodes], tmp_path / "logs", "pytest", env)
     (rc, _, _), = finish_all([job], 240)
     assert rc == 0, job.describe()
     assert sorted(os.listdir(tmp)) == [], job.describe()
