@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -211,6 +212,30 @@ def test_emulated_adam_equals_cpu_kernel(layout, grad_dtype, amsgrad, lp, cfg):
             _same(states[i][k], s2[i][k], f"state[{k!r}] {i}")
         if lps:
             _same(lps[i], l2[i], f"low-precision copy {i}")
+
+
+@needs_ext
+@pytest.mark.parametrize("layout,amsgrad,offsets,words", [
+    ("8bit", True, None, "amsgrad needs max_exp_avg_sq and float32 state"),
+    ("bfloat16", True, None, "amsgrad needs max_exp_avg_sq and float32 state"),
+    ("8bit", False, [0, 100], "tensor 1: an 8-bit state slice must start on a 256-element block (offset 100)"),
+])
+def test_cuda_and_cpu_steps_refuse_the_same_arguments_alike(layout, amsgrad, offsets, words):
+    """One set of argument rules (optim/adam_check.h) for both steps: the same bad call fails on both with the same
+    text, and touches no param."""
+    cfg = dict(lr=1e-3, wd=0.01, decoupled=True, maximize=False, scale=1.0)
+    for run in (lambda h, lo: _C.adam_step(*h, 1, False, None, *lo),
+                lambda h, lo: CU.emulate_adam_step(*h, None, False, *lo, None)):
+        params, states, lps, g = _adam_case(layout, torch.float32, amsgrad, None, sizes=(300, 600))
+        before = _clone(params)
+        head, low = _adam_args(params, states, lps, [torch.randn(p.numel(), generator=g) for p in params], layout,
+                               amsgrad, cfg)
+        if offsets:
+            low = low[:2] + (offsets,) + low[3:]
+        with pytest.raises(ValueError, match=re.escape(words)):
+            run(head, low)
+        for a, b in zip(params, before):
+            _same(a, b, "param after a refused step")
 
 
 @needs_ext

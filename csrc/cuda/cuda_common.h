@@ -57,13 +57,18 @@ static inline ACC_HD void st4f32(float *a, uint64_t q, const float x[4]) {
     ((float4 *)a)[q] = v;
 }
 
+/* 4 16-bit codes into elements 4q .. 4q+3 of a 16-bit array (one 8-byte store) */
+static inline ACC_HD void st4u16(void *a, uint64_t q, const uint16_t u[4]) {
+    ushort4 h;
+    h.x = u[0], h.y = u[1], h.z = u[2], h.w = u[3];
+    ((ushort4 *)a)[q] = h;
+}
+
 /* the optimizers' bf16/fp16 copy of a param (optim_util.h acc_store_lp's bits), 4 at once */
 static inline ACC_HD void st4lp(void *a, acc_dtype dt, uint64_t q, const float x[4]) {
     uint16_t u[4];
     for (int j = 0; j < 4; j++) u[j] = dt == ACC_BF16 ? acc_f32_to_bf16(x[j], 0x7fc0) : acc_f32_to_f16(x[j]);
-    ushort4 h;
-    h.x = u[0], h.y = u[1], h.z = u[2], h.w = u[3];
-    ((ushort4 *)a)[q] = h;
+    st4u16(a, q, u);
 }
 
 /* torch's conversion on a CUDA device: round to nearest even, canonical NaN (fpconv.h ACC_CUDA_NAN16) */

@@ -228,10 +228,9 @@ static inline ACC_HD void cast_store4(const cast_args *a, uint64_t q, const floa
 #ifdef ACC_CU_HW16
         ((uint2 *)a->dst)[q] = cu_hw16x4(y, a->ddt == ACC_BF16);
 #else
-        ushort4 h;
-        h.x = cu_to16(y[0], (acc_dtype)a->ddt), h.y = cu_to16(y[1], (acc_dtype)a->ddt);
-        h.z = cu_to16(y[2], (acc_dtype)a->ddt), h.w = cu_to16(y[3], (acc_dtype)a->ddt);
-        ((ushort4 *)a->dst)[q] = h;
+        uint16_t u[4];
+        for (int j = 0; j < 4; j++) u[j] = cu_to16(y[j], (acc_dtype)a->ddt);
+        st4u16(a->dst, q, u);
 #endif
         break;
     }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "cuda/cuda_common.h"
+#include "optim/adam_check.h"
 #include "optim/qmap.h"
 #include "optim/sgd.h"
 
@@ -107,11 +108,8 @@ static inline ACC_HD void adam16_vec4(const adam_item *t, const acc_adam_scalars
     }
     st4f32(t->param, q, p);
     if (t->lp) st4lp(t->lp, (acc_dtype)t->lpdt, q, p);
-    ushort4 hm, hv;
-    hm.x = um[0], hm.y = um[1], hm.z = um[2], hm.w = um[3];
-    hv.x = uv[0], hv.y = uv[1], hv.z = uv[2], hv.w = uv[3];
-    ((ushort4 *)t->m)[q] = hm;
-    ((ushort4 *)t->v)[q] = hv;
+    st4u16(t->m, q, um);
+    st4u16(t->v, q, uv);
 }
 
 /* thread tid of nthr in chunk `blk` of tensor t (dense kernel) */
@@ -259,34 +257,9 @@ __global__ void k_step_incr(const incr_launch L) {
 typedef acc_status (*adam_runner)(const adam_launch *L, int kind, void *ctx);
 
 static acc_status adam_check(const acc_adam_config *cfg, size_t k, const acc_cuda_adam_tensor *x, int device_mode) {
-    if (x->grad_dtype != ACC_F32 && x->grad_dtype != ACC_BF16 && x->grad_dtype != ACC_F16) {
-        acc_set_error("tensor %zu: grad dtype %s not supported (float32, bfloat16, float16)", k,
-                      acc_dtype_name(x->grad_dtype));
-        return ACC_ERR_DTYPE;
-    }
-    if (x->lp_out && x->lp_dtype != ACC_BF16 && x->lp_dtype != ACC_F16) {
-        acc_set_error("tensor %zu: the low-precision copy must be bfloat16 or float16", k);
-        return ACC_ERR_DTYPE;
-    }
-    if (x->state_dtype != ACC_F32 && x->state_dtype != ACC_BF16 && x->state_dtype != ACC_U8) {
-        acc_set_error("tensor %zu: state dtype %s is not supported (float32, bfloat16, 8-bit codes)", k,
-                      acc_dtype_name(x->state_dtype));
-        return ACC_ERR_DTYPE;
-    }
-    if (cfg->amsgrad && (!x->max_exp_avg_sq || x->state_dtype != ACC_F32)) {
-        acc_set_error("tensor %zu: amsgrad needs max_exp_avg_sq and float32 state", k);
-        return ACC_ERR_ARG;
-    }
-    if (x->n && (!x->param || !x->grad || !x->exp_avg || !x->exp_avg_sq)) {
-        acc_set_error("tensor %zu: missing buffer", k);
-        return ACC_ERR_ARG;
-    }
-    if (x->state_dtype == ACC_U8 && ((x->n && (!x->exp_avg_absmax || !x->exp_avg_sq_absmax)) ||
-                                     x->offset % ACC_QBLOCK)) {
-        acc_set_error("tensor %zu: 8-bit state needs both absmax arrays and a slice starting on a %d-element block "
-                      "(offset %llu)", k, ACC_QBLOCK, (unsigned long long)x->offset);
-        return ACC_ERR_ARG;
-    }
+    const acc_adam_shape shape = ACC_ADAM_SHAPE_INIT(x);
+    acc_status st = acc_adam_check_shape(cfg, k, &shape);
+    if (st) return st;
     if ((x->step_dev != NULL) != device_mode) {
         acc_set_error("tensor %zu: step counts must be all on the device or all on the host", k);
         return ACC_ERR_ARG;

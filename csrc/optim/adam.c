@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "adam.h"
+#include "optim/adam_check.h"
 #include "simd.h"
 #include "optim_simd.h"
 
@@ -29,16 +30,9 @@ static void adam_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
 }
 
 acc_status acc_adam_check_tensor(const acc_adam_config *cfg, size_t k, const acc_adam_tensor *x) {
-    acc_status st = acc_optim_check_dtypes(k, x->grad_dtype, x->lp_out, x->lp_dtype);
+    const acc_adam_shape shape = ACC_ADAM_SHAPE_INIT(x);
+    acc_status st = acc_adam_check_shape(cfg, k, &shape);
     if (st) return st;
-    if (cfg->amsgrad && (!x->max_exp_avg_sq || x->state_dtype != ACC_F32)) {
-        acc_set_error("tensor %zu: amsgrad needs max_exp_avg_sq and float32 state", k);
-        return ACC_ERR_ARG;
-    }
-    if (x->n && (!x->param || !x->grad || !x->exp_avg || !x->exp_avg_sq)) {
-        acc_set_error("tensor %zu: missing buffer", k);
-        return ACC_ERR_ARG;
-    }
     if (!(x->step >= 1)) {
         acc_set_error("tensor %zu: step must be >= 1 (got %g)", k, x->step);
         return ACC_ERR_ARG;

@@ -45,22 +45,11 @@ static void bf16s_seg(void *ctx, size_t seg, size_t lo, size_t hi) {
     ACC_SIMD_CALL(acc_simd_level_get(), adam_bf16s_range, t, lo, hi);
 }
 
+/* acc_adam_check_tensor has run: only the state dtype's split is left (fp32 state is acc_adam_step's) */
 static acc_status check(size_t k, const acc_adam_tensor *x) {
     if (x->state_dtype != ACC_BF16 && x->state_dtype != ACC_U8) {
-        acc_set_error("tensor %zu: state dtype %s is not supported (float32, bfloat16, 8-bit codes)", k,
-                      acc_dtype_name(x->state_dtype));
+        acc_set_error("tensor %zu: state dtype %s is acc_adam_step's", k, acc_dtype_name(x->state_dtype));
         return ACC_ERR_DTYPE;
-    }
-    if (x->state_dtype == ACC_U8) {
-        if (x->n && (!x->exp_avg_absmax || !x->exp_avg_sq_absmax)) {
-            acc_set_error("tensor %zu: 8-bit state needs exp_avg_absmax and exp_avg_sq_absmax", k);
-            return ACC_ERR_ARG;
-        }
-        if (x->offset % ACC_QBLOCK) {
-            acc_set_error("tensor %zu: an 8-bit state slice must start on a %d-element block (offset %llu)", k,
-                          ACC_QBLOCK, (unsigned long long)x->offset);
-            return ACC_ERR_ARG;
-        }
     }
     return ACC_OK;
 }

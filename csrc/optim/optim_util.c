@@ -117,15 +117,3 @@ acc_status acc_grads_nonfinite(const void *const *grads, const acc_dtype *dts, c
     *found = c.found;
     return st;
 }
-
-acc_status acc_optim_check_dtypes(size_t k, acc_dtype grad_dtype, const void *lp_out, acc_dtype lp_dtype) {
-    if (grad_dtype != ACC_F32 && grad_dtype != ACC_BF16 && grad_dtype != ACC_F16) {
-        acc_set_error("tensor %zu: gradient dtype %s is not supported", k, acc_dtype_name(grad_dtype));
-        return ACC_ERR_DTYPE;
-    }
-    if (lp_out && lp_dtype != ACC_BF16 && lp_dtype != ACC_F16) {
-        acc_set_error("tensor %zu: low-precision copy must be bfloat16 or float16", k);
-        return ACC_ERR_DTYPE;
-    }
-    return ACC_OK;
-}

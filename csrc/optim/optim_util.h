@@ -41,11 +41,23 @@ acc_status acc_segments_parallel_min(const size_t *ns, size_t nseg, int nthreads
  * Grad dtypes: ACC_F32, ACC_BF16, ACC_F16. */
 acc_status acc_grads_nonfinite(const void *const *grads, const acc_dtype *dts, const size_t *ns, size_t nseg,
                                float scale, int nthreads, int *found);
+ACC_EXTERN_C_END
 
 /* Tensor k's gradient dtype (ACC_F32, ACC_BF16, ACC_F16) and, when lp_out is set, its low-precision copy's
- * dtype (ACC_BF16, ACC_F16): ACC_ERR_DTYPE with the error text set otherwise. */
-acc_status acc_optim_check_dtypes(size_t k, acc_dtype grad_dtype, const void *lp_out, acc_dtype lp_dtype);
-ACC_EXTERN_C_END
+ * dtype (ACC_BF16, ACC_F16): ACC_ERR_DTYPE with the error text set otherwise (inline: the CUDA step checks too) */
+static inline acc_status acc_optim_check_dtypes(size_t k, acc_dtype grad_dtype, const void *lp_out,
+                                                acc_dtype lp_dtype) {
+    if (grad_dtype != ACC_F32 && grad_dtype != ACC_BF16 && grad_dtype != ACC_F16) {
+        acc_set_error("tensor %zu: gradient dtype %s is not supported (float32, bfloat16, float16)", k,
+                      acc_dtype_name(grad_dtype));
+        return ACC_ERR_DTYPE;
+    }
+    if (lp_out && lp_dtype != ACC_BF16 && lp_dtype != ACC_F16) {
+        acc_set_error("tensor %zu: the low-precision copy must be bfloat16 or float16", k);
+        return ACC_ERR_DTYPE;
+    }
+    return ACC_OK;
+}
 
 /* Work below this many elements per thread is not worth a thread. */
 #define ACC_OPTIM_MIN_PER_THREAD ((size_t)1 << 15)
