@@ -7,7 +7,8 @@
 # dequantised values (same numerics, no speed-up).
 # Tensor-parallel linears (the TP engine's classes, marked `fp8_attachable`) are not swapped: they get the same three
 # scaling states, whose amax is agreed (max) over the layer's TP group, so a sliced tensor is scaled as the whole
-# one would be, and quantise through fake_quant / grad_quant (forward casts, straight-through gradients).
+# one would be, and quantise through the states' own fake_quant / grad_quant (forward casts, straight-through
+# gradients) when ScaleState.quantises says so: the layers need nothing else from this module.
 # recompute_context_fn: activation checkpointing's recomputation quantises with the scales its forward used.
 # scaling_state / load_scaling_state: the amax histories as plain data, for save_state (checkpointing/scaling.py).
 # Not for: fp16/bf16 (precision.py) or the cast kernel itself (ops.py, csrc/ops/cast.c).
@@ -104,6 +105,20 @@ class ScaleState:
         if self.cfg.use_delayed_scaling:
             self._record(amax)
         return q, scale
+
+    def quantises(self, training: bool) -> bool:
+        """Whether the layer holding this state quantises in a forward in this mode: in training always; in eval
+        only with the recipe's use_autocast_during_eval (HF's Transformer Engine rule: evaluation in high precision
+        by default). No amax is recorded in a forward that does not quantise."""
+        return training or self.cfg.use_autocast_during_eval
+
+    def fake_quant(self, t: torch.Tensor) -> torch.Tensor:
+        """t cast to fp8 with this state's scale and back (what an fp8 matmul sees); gradient straight through."""
+        return _FakeQuant.apply(t, self)
+
+    def grad_quant(self, y: torch.Tensor) -> torch.Tensor:
+        """y unchanged; in backward its gradient is cast to fp8 with this state's scale and back."""
+        return _GradQuant.apply(y, self)
 
     def _agreed(self, amax: float) -> float:
         return amax if self.reduce is None else self.reduce(amax)
@@ -208,17 +223,9 @@ class _GradQuant(torch.autograd.Function):
         return _dequant(q, s, torch.float32).to(grad.dtype), None
 
 
-def fake_quant(t: torch.Tensor, state: ScaleState) -> torch.Tensor:
-    return _FakeQuant.apply(t, state)
-
-
-def grad_quant(y: torch.Tensor, state: ScaleState) -> torch.Tensor:
-    return _GradQuant.apply(y, state)
-
-
 def attach_fp8(module: torch.nn.Module, cfg: FP8Config) -> None:
     """Gives a tensor-parallel linear (fp8_attachable) FP8Linear's three scaling states, their amax agreed over its
-    group (module.amax_reduce); the layer then quantises itself (tensor_parallel/linear.py)."""
+    group (module.amax_reduce); the layer then quantises itself through them (tensor_parallel/linear.py)."""
     grad_dtype = E5M2 if cfg.fp8_format == "HYBRID" else E4M3
     reduce = module.amax_reduce
     module.x_state, module.w_state = ScaleState(E4M3, cfg, reduce), ScaleState(E4M3, cfg, reduce)
@@ -231,10 +238,8 @@ def is_fp8_layer(m: torch.nn.Module) -> bool:
 
 
 def fp8_active(m: torch.nn.Module) -> bool:
-    """Whether fp8 layer `m` quantises in this forward: in training mode always; in eval mode only with the recipe's
-    use_autocast_during_eval (HF's Transformer Engine rule: evaluation in high precision by default). No amax is
-    recorded in a forward that does not quantise."""
-    return m.training or m.x_state.cfg.use_autocast_during_eval
+    """Whether fp8 layer `m` quantises in this forward (ScaleState.quantises: the one rule)."""
+    return m.x_state.quantises(m.training)
 
 
 def recompute_context_fn(module: torch.nn.Module) -> Optional[Callable[[], tuple]]:

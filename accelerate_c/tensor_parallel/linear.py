@@ -214,8 +214,9 @@ class SiblingGroup:
 
 
 def _fp8_active(m: nn.Module) -> bool:
-    from ..precision.fp8 import fp8_active  # (the fp8 rule's one place; imported where fp8 is in use)
-    return fp8_active(m)
+    """Whether the scaling states precision/fp8.py attach_fp8 gave `m` (mixed_precision="fp8") quantise this
+    forward: their own rule (ScaleState.quantises)."""
+    return hasattr(m, "g_state") and m.x_state.quantises(m.training)
 
 
 def _amax_max(group: Any, amax: float) -> float:
@@ -244,20 +245,19 @@ class ColwiseLinear(nn.Linear):
 
 def column_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     alias, share = m._tp_group.input_for(x)
-    fp8 = hasattr(m, "g_state") and _fp8_active(m)
+    fp8 = _fp8_active(m)
     if not fp8:
         if share is None or not torch.is_grad_enabled():
             return F.linear(alias, m.weight, m.bias)
         return ColumnLinear.apply(alias, m.weight, m.bias, share, m._tp_index)
     # fp8 (FP8Linear's numerics): the matmul on the quantised input and weight, its output gradient quantised; the
     # bias added after, so its gradient is not
-    from ..precision.fp8 import fake_quant, grad_quant
-    xq, wq = fake_quant(alias, m.x_state), fake_quant(m.weight, m.w_state)
+    xq, wq = m.x_state.fake_quant(alias), m.w_state.fake_quant(m.weight)
     if share is None or not torch.is_grad_enabled():
         y = F.linear(xq, wq)
     else:
         y = ColumnLinear.apply(xq, wq, None, share, m._tp_index, True)
-    y = grad_quant(y, m.g_state)
+    y = m.g_state.grad_quant(y)
     return y if m.bias is None else y + m.bias
 
 
@@ -276,8 +276,7 @@ class RowwiseLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._tp_split_input:
             x = SplitLast.apply(x, self._tp_comm)
-        if hasattr(self, "g_state") and _fp8_active(self):  # fp8 (precision/fp8.py attach_fp8)
-            from ..precision.fp8 import fake_quant
-            return RowLinear.apply(fake_quant(x, self.x_state), fake_quant(self.weight, self.w_state), self.bias,
+        if _fp8_active(self):  # fp8 (precision/fp8.py attach_fp8)
+            return RowLinear.apply(self.x_state.fake_quant(x), self.w_state.fake_quant(self.weight), self.bias,
                                    self._tp_comm, self.g_state)
         return RowLinear.apply(x, self.weight, self.bias, self._tp_comm)
