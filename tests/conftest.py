@@ -60,6 +60,13 @@ def pytest_unconfigure(config) -> None:
     _remove_scratch()
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked `exclusive` first (stable order otherwise): pytest-xdist hands each worker a contiguous share
+    of the list, so they run while the other worker starts its share, instead of holding a worker idle (up to the
+    length of the other's running test, over a minute here) and then blocking it, in the middle of the run."""
+    items.sort(key=lambda item: item.get_closest_marker("exclusive") is None)
+
+
 def reset_state(mod_name: str) -> None:
     """`accelerate` or `accelerate_c` back to no AcceleratorState / GradientState (process-wide singletons)."""
     state = importlib.import_module(f"{mod_name}.state")

@@ -177,7 +177,7 @@ def test_bf16_and_fp8_converge_like_fp32():
                                          generator=torch.Generator().manual_seed(0))
         model, opt, dl = acc.prepare(model, opt, dl)
         it, losses = iter(dl), []
-        for _ in range(200):
+        for _ in range(100):  # (bf16 matmuls are ~25x slower than fp32 on a CPU without AVX512-BF16)
             x, y = next(it)
             loss = model(x, y)
             acc.backward(loss)
@@ -185,6 +185,6 @@ def test_bf16_and_fp8_converge_like_fp32():
             opt.zero_grad()
             losses.append(loss.item())
         final[mp] = sum(losses[-20:]) / 20
-    assert final["no"] < 3.0  # it learned something (starts at ln 256 = 5.5)
+    assert final["no"] < 2.7  # it learned something (starts at ln 256 = 5.5; 2.55 after 100 steps)
     for mp in ("bf16", "fp8"):
         assert abs(final[mp] - final["no"]) / final["no"] < 0.03, final
