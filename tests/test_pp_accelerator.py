@@ -24,9 +24,10 @@ def _check(path, n):
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("mode,n", [("pp", 2), ("pp_bf16", 2), ("pp_zb", 2), ("megatron", 4)])
+@pytest.mark.parametrize("mode,n", [("pp", 2), ("pp_bf16", 2), ("pp_fp8", 2), ("pp_zb", 2), ("megatron", 4)])
 def test_pipeline_training_matches_one_process(run, tmp_path, mode, n):
-    """pp=2 1F1B with 4 micro-batches, in fp32 and in bf16 (against the loop under autocast); ZB-H1 with gradient
+    """pp=2 1F1B with 4 micro-batches, in fp32, in bf16 (against the loop under autocast) and in fp8 with delayed
+    scaling (against the FP8Linear loop, micro-batch by micro-batch); ZB-H1 with gradient
     accumulation and tied embeddings; MegatronLMPlugin (tp_degree=2 with sequence parallelism, pp_degree=2,
     num_micro_batches: a later stage receives its slice of the sequence; tp x pp through ParallelismConfig: the
     dp x tp x pp test)."""
