@@ -328,6 +328,34 @@ def test_bf16_step_matches_reference():
     assert abs(r.mean().item() - x[0].item()) < 2e-5 and set(r.unique().tolist()) == {1.0, 1.0078125}
 
 
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("layout", ["float32", "8bit", "bfloat16"])
+def test_common_call_loop_equals_general_loop(layout, level):
+    """The kernels run the common AdamW call (fp32 grads, no scale, decoupled decay, no copies) in a loop of their
+    own: its bits equal the general loop's, which the same call takes when it also asks for a bf16 copy of the
+    params (and that copy is the new params rounded)."""
+    n = 3 * 256 + 37
+    g = torch.Generator().manual_seed(3)
+    p0 = torch.randn(n, generator=g)
+    runs = []
+    for copy_out in (None, torch.empty(n, dtype=torch.bfloat16)):
+        p = p0.clone()
+        st = lowbit.new_state(p, layout) if layout != "float32" else {"exp_avg": torch.zeros(n),
+                                                                        "exp_avg_sq": torch.zeros(n)}
+        gg = torch.Generator().manual_seed(4)
+        for s in (1, 2, 3):
+            grad = torch.randn(n, generator=gg)
+            with simd(level):
+                aopt.adamw_flat_(p, grad, st["exp_avg"], st["exp_avg_sq"], s, exp_avg_absmax=st.get("exp_avg_absmax"),
+                                 exp_avg_sq_absmax=st.get("exp_avg_sq_absmax"), salt=1, low_precision_out=copy_out,
+                                 **KW)
+        runs.append((p, {k: v for k, v in st.items() if k != "step"}, copy_out))
+    (pa, sa, _), (pb, sb, lp) = runs
+    same(pa, pb)
+    same(sa, sb)
+    same(lp, pa.to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("layout", ["8bit", "bfloat16"])
 def test_shards_equal_whole(layout):
     """A tensor stepped as block-aligned shards (offset, absmax slices) gives the whole tensor's bits: the ZeRO
