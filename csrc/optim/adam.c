@@ -11,14 +11,15 @@
 #include "optim/adam_check.h"
 #include "simd.h"
 #include "optim_simd.h"
+#include "adam_update.h"
 
 typedef struct {
     float *param, *exp_avg, *exp_avg_sq, *max_exp_avg_sq, *mirror;
     const void *grad;
     void *lp_out;
     acc_dtype grad_dtype, lp_dtype;
-    int scaled, maximize, wd_mode, lerp_from_end, nt; /* wd_mode: 0 none, 1 decoupled, 2 L2 */
-    float grad_scale, lerp_coeff, beta2, one_m_beta2, decay, wd, bc2_sqrt, eps, neg_step_size;
+    int nt;
+    acc_adam_scalars c;
 } adam_item;
 
 #define ACC_ISA_BODY "adam_body.inc"
@@ -68,16 +69,12 @@ acc_status acc_adam_step(const acc_adam_config *cfg, const acc_adam_tensor *ts, 
     for (size_t k = 0; k < nt; k++) {
         const acc_adam_tensor *x = &ts[k];
         adam_item *t = &items[k];
-        acc_adam_scalars c;
-        acc_adam_scalars_for(cfg, x->step, &c);
         *t = (adam_item){
             .param = x->param, .exp_avg = x->exp_avg, .exp_avg_sq = x->exp_avg_sq,
             .max_exp_avg_sq = cfg->amsgrad ? x->max_exp_avg_sq : NULL, .grad = x->grad,
             .lp_out = x->lp_out, .mirror = x->mirror, .grad_dtype = x->grad_dtype, .lp_dtype = x->lp_dtype,
-            .scaled = c.scaled, .maximize = c.maximize, .wd_mode = c.wd_mode, .lerp_from_end = c.lerp_from_end,
-            .grad_scale = c.grad_scale, .lerp_coeff = c.lerp_coeff, .beta2 = c.beta2, .one_m_beta2 = c.one_m_beta2,
-            .decay = c.decay, .wd = c.wd, .bc2_sqrt = c.bc2_sqrt, .eps = c.eps, .neg_step_size = c.neg_step_size,
         };
+        acc_adam_scalars_for(cfg, x->step, &t->c);
         ns[k] = x->n;
         lp_total += x->lp_out ? x->n : 0;
     }

@@ -13,6 +13,7 @@
 #include "simd.h"
 #include "optim_simd.h"
 #include "qmap.h"
+#include "adam_update.h"
 
 typedef struct {
     float *param, *mirror, *absm, *absv;
