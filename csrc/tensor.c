@@ -176,26 +176,11 @@ int acc_tensor_borrow(PyObject *module, PyObject *obj, acc_tensor *out, const ch
     return rc;
 }
 
-int acc_tensor_borrow_cpu(PyObject *module, PyObject *obj, acc_tensor *out, const char *what, int want) {
-    if (acc_tensor_borrow(module, obj, out, what) < 0) return -1;
-    if (out->device_type != acc_kDLCPU) return wrong_device(out, what, "CPU");
-    if (!out->contiguous) {
-        PyErr_Format(PyExc_ValueError, "%s: expected a contiguous tensor", what);
-        return -1;
-    }
-    if (want >= 0 && (int)out->dtype != want) {
-        PyErr_Format(PyExc_TypeError, "%s: expected dtype %s, got %s", what, acc_dtype_name((acc_dtype)want),
-                     acc_dtype_name(out->dtype));
-        return -1;
-    }
-    return 0;
-}
-
 int acc_tensor_borrow_on(PyObject *module, PyObject *obj, acc_tensor *out, const char *what, int want,
                          int device_type) {
     if (acc_tensor_borrow(module, obj, out, what) < 0) return -1;
     if (out->device_type != device_type) {
-        const char *name = acc_dl_device_name(device_type);
+        const char *name = device_type == acc_kDLCPU ? "CPU" : acc_dl_device_name(device_type);
         return wrong_device(out, what, name ? name : "device");
     }
     if (!out->contiguous) {
@@ -208,4 +193,8 @@ int acc_tensor_borrow_on(PyObject *module, PyObject *obj, acc_tensor *out, const
         return -1;
     }
     return 0;
+}
+
+int acc_tensor_borrow_cpu(PyObject *module, PyObject *obj, acc_tensor *out, const char *what, int want) {
+    return acc_tensor_borrow_on(module, obj, out, what, want, acc_kDLCPU);
 }

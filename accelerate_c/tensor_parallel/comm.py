@@ -1,7 +1,8 @@
 # accelerate_c/tensor_parallel/comm.py: the tensor-parallel engine's communication: TPComm (the group it was given,
 # the sequence-parallel switch and the per-forward facts the hooks share) and the autograd Functions over the group:
-# Megatron's f/g pair, the sequence-parallel all-gather / reduce-scatter pair and its mirror, and the
-# last-dimension gather/split of colwise_rep / rowwise_split_input. Collectives along a dimension d of a tensor are
+# Megatron's g (its f is linear.py's ColumnLinear input), the gradient sum of a replicated parameter, the
+# sequence-parallel all-gather / reduce-scatter pair and its mirror, and the last-dimension gather/split of
+# colwise_rep / rowwise_split_input. Collectives along a dimension d of a tensor are
 # flat collectives over a [tp, ...] layout: a tensor is moved to or from that layout with one copy when d is not the
 # leading dimension (none when every dimension before d has size 1).
 # Not for: the layers (linear.py, vocab.py) or choosing the group (the caller passes it, see apply.py).
@@ -101,21 +102,6 @@ class ReduceForward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return grad, None
-
-
-class ReduceBackward(torch.autograd.Function):
-    """f: identity forward, all-reduce (sum) backward (a replicated input feeding rank-local compute)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, comm: TPComm) -> torch.Tensor:
-        ctx.comm = comm
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        grad = grad.contiguous().clone()
-        ctx.comm.all_reduce(grad)
         return grad, None
 
 
