@@ -77,19 +77,32 @@ def whole_model_slices(model: torch.nn.Module, rank: int, world: int) -> list[Te
     return model_layout(sd, rank, world, unowned=tied_names(sd))
 
 
+def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The parameters of a (possibly wrapped) optimizer in flattened param_groups order: a ParamSlot's index."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    return [p for g in inner.param_groups for p in g["params"]]
+
+
+def whole_param_slots(optimizer: torch.optim.Optimizer, module: torch.nn.Module, rank: int, world: int,
+                      where: str = "the model being checkpointed") -> list[ParamSlot]:
+    """The optimizer's parameters, each held whole, as ParamSlots named by `module`'s parameter names (a tied
+    parameter by its first name) and written by one of the `world` ranks each. A parameter `module` does not hold
+    is a ValueError naming its positions and `where`."""
+    names: dict[int, str] = {}
+    for n, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), n)
+    params = optimizer_params(optimizer)
+    missing = [i for i, p in enumerate(params) if id(p) not in names]
+    if missing:
+        raise ValueError(f"optimizer parameter(s) {missing} are not parameters of {where}")
+    return optimizer_slots(params, [names[id(p)] for p in params], rank, world)
+
+
 def whole_optimizer_layout(optimizer: torch.optim.Optimizer, model: torch.nn.Module, rank: int,
                            world: int) -> list[ParamSlot]:
     """Every optimizer parameter whole, written by one rank each; a tied parameter is named by its first name, as
     in whole_model_slices."""
-    names: dict[int, str] = {}
-    for n, p in extract_model_from_parallel(model).named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), n)
-    inner = getattr(optimizer, "optimizer", optimizer)
-    params = [p for g in inner.param_groups for p in g["params"]]
-    missing = [i for i, p in enumerate(params) if id(p) not in names]
-    if missing:
-        raise ValueError(f"optimizer parameter(s) {missing} are not parameters of the model being checkpointed")
-    return optimizer_slots(params, [names[id(p)] for p in params], rank, world)
+    return whole_param_slots(optimizer, extract_model_from_parallel(model), rank, world)
 
 
 class WholeTensors:

@@ -150,7 +150,7 @@ def _adam_group_lists(opt: torch.optim.Optimizer, group: dict, low_precision_cop
 
 
 def _sgd_group_lists(opt: torch.optim.Optimizer, group: dict, low_precision_copies: dict | None):
-    params, grads, bufs, inits, lps = [], [], [], [], []
+    params, grads, bufs, lps = [], [], [], []
     use_mom = group["momentum"] != 0
     for p in group["params"]:
         if p.grad is None:

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ..checkpointing.layout import optimizer_slots
+from ..checkpointing.layout import optimizer_params, whole_param_slots
 from ..checkpointing.slices import ParamSlot, TensorSlice
 from ..runtime.models import extract_model_from_parallel
 
@@ -91,19 +91,11 @@ def model_slices(engine: Any, layout: Any) -> list[TensorSlice]:
 
 def optimizer_layout(engine: Any, layout: Any, optimizer: torch.optim.Optimizer) -> list[ParamSlot]:
     """The optimizer's parameters (this rank's stage only) as ParamSlots of the logical model."""
-    names: dict[int, str] = {}
-    for n, p in engine.module.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), n)
-    inner = getattr(optimizer, "optimizer", optimizer)
-    params = [p for g in inner.param_groups for p in g["params"]]
-    missing = [i for i, p in enumerate(params) if id(p) not in names]
-    if missing:
-        raise ValueError(f"optimizer parameter(s) {missing} are not parameters of this pipeline stage")
-    slots = optimizer_slots(params, [names[id(p)] for p in params], 0, 1)
+    slots = whole_param_slots(optimizer, engine.module, 0, 1, "this pipeline stage")
     if layout.tp > 1:
         from ..tensor_parallel.logical import logical_slots, specs_by_name
         slots = logical_slots(slots, specs_by_name(engine.module), owner=True)
-    out = []
+    params, out = optimizer_params(optimizer), []
     for s in slots:
         block = getattr(params[s.index], "_tp_slice", None) is not None
         out.append(ParamSlot(s.index, stored_name(engine, s.name), s.shape, s.start, s.numel, s.local_shape,

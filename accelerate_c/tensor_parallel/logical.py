@@ -13,7 +13,7 @@ from typing import Any, Collection, Mapping, Optional
 
 import torch
 
-from ..checkpointing.layout import optimizer_slots
+from ..checkpointing.layout import whole_param_slots
 from ..checkpointing.slices import ParamSlot, TensorSlice
 from .apply import TPSlice
 from .comm import from_blocks
@@ -87,15 +87,7 @@ def optimizer_layout(optimizer: torch.optim.Optimizer, model: torch.nn.Module, r
     """The optimizer's parameters (held whole: one process or DDP over the TP slices) as ParamSlots of the logical
     model: a TP block written by the `owner` ranks (one data-parallel replica), a replicated parameter by one of the
     `world` ranks."""
-    names: dict[int, str] = {}
-    for n, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), n)
-    inner = getattr(optimizer, "optimizer", optimizer)
-    params = [p for g in inner.param_groups for p in g["params"]]
-    missing = [i for i, p in enumerate(params) if id(p) not in names]
-    if missing:
-        raise ValueError(f"optimizer parameter(s) {missing} are not parameters of the model being checkpointed")
-    whole = optimizer_slots(params, [names[id(p)] for p in params], rank, world)
+    whole = whole_param_slots(optimizer, model, rank, world)
     return logical_slots(whole, specs_by_name(model), owner)
 
 
