@@ -188,3 +188,35 @@ def test_bf16_and_fp8_converge_like_fp32():
     assert final["no"] < 2.7  # it learned something (starts at ln 256 = 5.5; 2.55 after 100 steps)
     for mp in ("bf16", "fp8"):
         assert abs(final[mp] - final["no"]) / final["no"] < 0.03, final
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_on_a_cpu_without_native_bf16_warns_once(monkeypatch, native):
+    # torch emulates bf16 matmuls on CPUs without AVX512-BF16/AMX (58x slower than fp32 on an AVX2 host): a bf16
+    # run there is told once, naming the capability; a CPU with them (or fp16, or "no") is not
+    import warnings
+
+    from accelerate_c.precision import policy
+    monkeypatch.setattr(policy, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(policy, "_warned_slow_bf16", False)
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        acc = Accelerator(mixed_precision="bf16", cpu=True)
+        AcceleratorState._reset_state(True)
+        Accelerator(mixed_precision="bf16", cpu=True)  # a second one in the same process: no second warning
+        AcceleratorState._reset_state(True)
+        Accelerator(mixed_precision="fp16", cpu=True)
+    slow = [w for w in got if issubclass(w.category, RuntimeWarning) and "native bf16" in str(w.message)]
+    assert acc.precision.mode == "bf16"
+    if native:
+        assert slow == []
+    else:
+        assert len(slow) == 1, [str(w.message) for w in got]
+        assert "mixed_precision='no'" in str(slow[0].message) and torch.backends.cpu.get_cpu_capability() in str(
+            slow[0].message)
+        assert slow[0].filename == __file__  # points at the user's Accelerator(...) line
+
+
+def test_the_native_bf16_check_answers_on_this_host():
+    from accelerate_c.precision.policy import cpu_has_native_bf16
+    assert cpu_has_native_bf16() == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
@@ -118,9 +119,41 @@ class Precision:
         return False
 
 
+@functools.lru_cache(maxsize=None)
+def cpu_has_native_bf16() -> bool:
+    """Whether torch's CPU matmuls run bf16 natively here (oneDNN with AVX512-BF16 or AMX); without, torch emulates
+    them through fp32, tens of times slower than fp32 itself (58x for a 256x512x512 matmul on an AVX2 host)."""
+    check = getattr(getattr(torch.ops, "mkldnn", None), "_is_mkldnn_bf16_supported", None)
+    try:
+        return bool(check()) if check is not None else True  # unknown: no warning
+    except Exception:
+        return True
+
+
+_warned_slow_bf16 = False
+
+
+def warn_slow_cpu_bf16(device: torch.device) -> None:
+    """One RuntimeWarning per process when bf16 autocast is asked for on a CPU without native bf16 matmuls: the
+    run works and gives bf16 results, but slower than mixed_precision="no" would (a choice HF Accelerate leaves
+    silent; docs/differences.md)."""
+    global _warned_slow_bf16
+    if device.type != "cpu" or _warned_slow_bf16 or cpu_has_native_bf16():
+        return
+    _warned_slow_bf16 = True
+    warnings.warn(f"mixed_precision='bf16' on a CPU without native bf16 matmuls (no AVX512-BF16 or AMX; torch's CPU "
+                  f"capability here: {torch.backends.cpu.get_cpu_capability()}): torch emulates them, typically "
+                  "tens of times slower than fp32, so this run will be slower than with mixed_precision='no'",
+                  RuntimeWarning, stacklevel=5)
+
+
 class BF16Precision(Precision):
     mode = "bf16"
     autocast_dtype = torch.bfloat16
+
+    def __init__(self, device: torch.device, handlers: dict[str, Any], fused_kernels: bool = True) -> None:
+        super().__init__(device, handlers, fused_kernels)
+        warn_slow_cpu_bf16(device)
 
 
 class FP16Precision(Precision):
