@@ -11,7 +11,8 @@
 #              2-rank runs. Each copy times both optimizers: accelerate_c single-process (our fused AdamW,
 #              t_alone for (a)) and a plain torch loop (torch AdamW, t_alone for (b)), interleaved.
 # Cost of data parallelism = step time - t_alone. The driver runs (c), (a), (b) in turn for --rounds
-# rounds (interleaved; the box is shared and noisy) and reports the median over rounds of each run's median
+# rounds (interleaved; the box is shared and noisy; the split-on and split-off runs of (a) in alternating order,
+# reported also as a paired per-round difference) and reports the median over rounds of each run's median
 # step time, with the min-max spread. It checks that (a) and (b) give the same per-step losses (~1e-5).
 # Targets: our_cost / hf_cost <= 0.15, ours / t_alone <= 1.1.
 # Not for: correctness of the DDP path (tests/test_parity.py) or the raw collective (benchmarks/allreduce.py).
@@ -200,8 +201,11 @@ def main() -> None:
             alone = launch("alone", args, tmp)
             res["alone_ours"].append(statistics.median([step_median(c["times_ours"], args.warmup) for c in alone]))
             res["alone_torch"].append(statistics.median([step_median(c["times_torch"], args.warmup) for c in alone]))
-            ours = launch("ours", args, tmp)
-            nosplit = launch("ours_nosplit", args, tmp)
+            if r % 2 == 0:  # the split-on / split-off pair in alternating order (a paired difference per round)
+                ours, nosplit = launch("ours", args, tmp), launch("ours_nosplit", args, tmp)
+            else:
+                nosplit = launch("ours_nosplit", args, tmp)
+                ours = launch("ours", args, tmp)
             hf = launch("hf", args, tmp)
             assert ours[0]["nproc"] == 2 and hf[0]["nproc"] == 2, "a run did not use 2 processes"
             res["ours"].append(step_median(ours[0]["times"], args.warmup))
@@ -248,6 +252,10 @@ def main() -> None:
         + "; ".join(f"{k} [{', '.join(f'{v * 1e3:.1f}' for v in per_round[k])}]" for k in cost)
         + f"; ratio of the per-round medians: ours {ratio(statistics.median(per_round['ours']), statistics.median(per_round['hf']))}, "
         f"split off {ratio(statistics.median(per_round['ours_nosplit']), statistics.median(per_round['hf']))}",
+        "- split step on minus off, paired per round (the two runs are adjacent, in alternating order), ms: ["
+        + ", ".join(f"{(a - b) * 1e3:.1f}" for a, b in zip(res["ours"], res["ours_nosplit"]))
+        + f"]; median {statistics.median(a - b for a, b in zip(res['ours'], res['ours_nosplit'])) * 1e3:.1f} "
+        "(negative: the split step is faster on this host)",
         f"- ours / t_alone: {med['ours'] / med['alone_ours']:.3f} (target <= 1.1); split off "
         f"{med['ours_nosplit'] / med['alone_ours']:.3f}; HF / t_alone: {med['hf'] / med['alone_torch']:.3f}",
         f"- bytes all-reduced per step per rank: {nbytes / 1e6:.1f} MB of fp32 gradients "
