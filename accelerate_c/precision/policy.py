@@ -3,7 +3,8 @@
 # autocast in forward, loss scaling with dynamic scale (fp16), unscale/skip logic around the step.
 # The optimizer step itself belongs to the strategy (strategies/base.py: Strategy.step); a precision only
 # answers its hooks: kernel_scale (how the fused kernels must treat the gradients), after_kernel_step and
-# torch_step (the optimizer's own step, wrapped in GradScaler's under fp16).
+# torch_step (the optimizer's own step, wrapped in GradScaler's under fp16). bf16 on a CPU without native bf16
+# matmuls warns once per process (warn_slow_cpu_bf16).
 # Not for: fp8 module swapping internals (fp8.py) or the fused kernels (ops.py, optim/).
 from __future__ import annotations
 
