@@ -76,7 +76,9 @@ def dequantize(codes: torch.Tensor, absmax: torch.Tensor, signed: bool, num_thre
     return out.to(codes.device)
 
 
-def _low_keys(p: torch.Tensor, layout: str) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+def _keys(p: torch.Tensor, layout: str) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    if layout == "float32":  # torch's own state: the parameter's dtype
+        return [("exp_avg", tuple(p.shape), p.dtype), ("exp_avg_sq", tuple(p.shape), p.dtype)]
     if layout == "bfloat16":
         return [("exp_avg", tuple(p.shape), torch.bfloat16), ("exp_avg_sq", tuple(p.shape), torch.bfloat16)]
     nb = nblocks(p.numel())
@@ -86,19 +88,21 @@ def _low_keys(p: torch.Tensor, layout: str) -> list[tuple[str, tuple[int, ...], 
 
 def new_states(items: list[tuple[torch.Tensor, str]]) -> list[dict]:
     """Zero exp_avg / exp_avg_sq (and block scales) for each (p, layout), the step counter being the caller's.
-    fp32 state is torch's (zeros_like, the param's memory format); the low-precision states of one call share one
-    huge-page mapping (base/pages.huge_zeros: the kernel streams them every step, and small pages would cost it a
-    TLB miss per 4 KiB)."""
-    low = [(i, _low_keys(p, layout)) for i, (p, layout) in enumerate(items) if layout != "float32" and p.is_cpu]
-    tensors = iter(huge_zeros([(shape, dt) for _, keys in low for _, shape, dt in keys]))
+    The states of one call's contiguous CPU parameters share one huge-page mapping (base/pages.huge_zeros): the
+    kernel streams them every step, where each small page would cost a TLB miss per 4 KiB, and a mapping of its own
+    keeps this long-lived state out of the C heap, whose freed step temporaries can then go back to the system
+    (fp32 state from torch.zeros_like would land between them and pin them). A strided parameter's fp32 state is
+    zeros_like's (the parameter's memory format), a device's state torch.zeros on it."""
+    mapped = [(i, _keys(p, layout)) for i, (p, layout) in enumerate(items) if p.is_cpu and
+              (layout != "float32" or p.is_contiguous())]
+    tensors = iter(huge_zeros([(shape, dt) for _, keys in mapped for _, shape, dt in keys]))
     out: list = [None] * len(items)
-    for i, keys in low:
+    for i, keys in mapped:
         out[i] = {k: next(tensors) for k, _, _ in keys}
-    for i, (p, layout) in enumerate(items):  # a device's (CUDA) low-precision state: the same layout, on the device
-        if layout != "float32" and not p.is_cpu:
-            out[i] = {k: torch.zeros(shape, dtype=dt, device=p.device) for k, shape, dt in _low_keys(p, layout)}
-    for i, (p, layout) in enumerate(items):
-        if layout == "float32":
+    for i, (p, layout) in enumerate(items):  # a device's (CUDA) state, or a strided fp32 parameter's: torch's way
+        if out[i] is None and layout != "float32":
+            out[i] = {k: torch.zeros(shape, dtype=dt, device=p.device) for k, shape, dt in _keys(p, layout)}
+        elif out[i] is None:
             out[i] = {"exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
                       "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
     return out
