@@ -7,4 +7,10 @@
  * such call (musl, for one, unmaps large freed blocks itself). */
 int acc_heap_trim(void);
 
+/* Fixes the size from which the allocator serves a block from a mapping of its own (given back to the system when
+ * freed) instead of its heap, turning off glibc's habit of raising that threshold (up to 32 MiB) each time such a
+ * block is freed. Returns 1 when set, 0 when the allocator refused the value, -1 when this C library has no such
+ * setting. */
+int acc_heap_mmap_threshold(unsigned long bytes);
+
 #endif

@@ -108,6 +108,15 @@ static PyObject *core_heap_trim(PyObject *module, PyObject *unused) {
     return PyBool_FromLong(r);
 }
 
+static PyObject *core_heap_mmap_threshold(PyObject *module, PyObject *arg) {
+    unsigned long bytes = PyLong_AsUnsignedLong(arg);
+    int r;
+    if (bytes == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+    r = acc_heap_mmap_threshold(bytes);
+    if (r < 0) Py_RETURN_NONE;
+    return PyBool_FromLong(r);
+}
+
 PyMethodDef acc_core_methods[] = {
     {"simd_level", (PyCFunction)(void (*)(void))core_simd_level, METH_FASTCALL,
      "simd_level($module, level=None, /)\n--\n\nGet (or lower) the SIMD level kernels use: scalar, avx2, avx512."},
@@ -128,6 +137,10 @@ PyMethodDef acc_core_methods[] = {
     {"heap_trim", core_heap_trim, METH_NOARGS,
      "heap_trim($module, /)\n--\n\nReturns the C heap's free pages to the system (glibc malloc_trim): True when some\n"
      "were released, False when none, None where the C library has no such call."},
+    {"heap_mmap_threshold", core_heap_mmap_threshold, METH_O,
+     "heap_mmap_threshold($module, nbytes, /)\n--\n\nFixes the size from which the C heap serves a block from a mapping\n"
+     "of its own, given back when freed (glibc mallopt M_MMAP_THRESHOLD; its dynamic raising stops): True when set,\n"
+     "False when refused, None where the C library has no such setting."},
     {NULL, NULL, 0, NULL},
 };
 

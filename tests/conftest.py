@@ -179,7 +179,8 @@ def rewrite_listed(ckpt: str, name: str, content: "str | bytes | None" = None) -
 
 def clean_env(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "LOCAL_RANK", "WORLD_SIZE",
-                                                                    "MASTER_", "LOCAL_WORLD_SIZE"))}
+                                                                    "MASTER_", "LOCAL_WORLD_SIZE",
+                                                                    "THP_MEM_ALLOC_ENABLE"))}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env["OMP_NUM_THREADS"] = "1"
     # no default config file of the machine's (ours or HF's) may change what a test launches

@@ -5,7 +5,9 @@
 # parameter's left at zero) and the next step gives those pages back, and its shared regions are the parameters,
 # the gradient buckets and the state slots (4 x the parameter bytes under Adam, no second copy); the sharded engine's gradient
 # staging is two windows of ACCELERATE_C_SHARD_STAGING_MB, not two units, and its shard gradient holds no memory
-# after a zero_grad (as FSDP2's freed gradients). The PSS figures themselves are
+# after a zero_grad (as FSDP2's freed gradients); the optimizer state of one step's call is one huge-page mapping;
+# after Accelerator() on CPU, large temporaries leave nothing in the C heap (runtime/memory.py tune_cpu_heap,
+# tests/scripts/heap_probe.py). The PSS figures themselves are
 # benchmarks/memory.py's (docs/sharding.md).
 # Not for: the windows' arithmetic (test_sharded_engine.py runs cases with ~1 KiB windows).
 import json
@@ -26,6 +28,8 @@ def test_what_a_prepared_run_holds(run, tmp_path, kind):
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r in ranks:
         assert all(r["expired"]), r["expired"]  # every original parameter storage was freed
+        # large tensors out of the C heap (runtime/memory.py tune_cpu_heap): by default where stage 3 gathers
+        assert r["thp_env"] == ("1" if kind == "z3" else None), r["thp_env"]
     if kind == "ddp":
         for r in ranks:
             after_steps, after_state_dict, after_next_step = r["state_rss"]
@@ -65,27 +69,64 @@ def test_a_page_buffer_gives_its_pages_back_and_reads_zeros():
     assert PageBuffer(0).tensor.numel() == 0
 
 
-def test_low_precision_state_of_one_call_is_one_huge_page_mapping():
-    """The 8-bit and bf16 optimizer states created together come zeroed from one mapping marked for transparent huge
-    pages (the step streams them: small pages cost it a TLB miss per 4 KiB); fp32 state stays torch's."""
+def test_optimizer_state_of_one_call_is_one_huge_page_mapping():
+    """The optimizer states created together (fp32, 8-bit and bf16) come zeroed from one mapping marked for
+    transparent huge pages (the step streams them: small pages cost it a TLB miss per 4 KiB; and long-lived state
+    kept out of the C heap cannot pin the step's freed temporaries there); a strided parameter's fp32 state is
+    zeros_like's, in the parameter's memory format."""
     from accelerate_c.optim import lowbit
     sys.path.insert(0, SCRIPTS)
     from memory_probe_util import mapping_of
-    ps = [torch.zeros(1024, 1030), torch.zeros(999, 771), torch.zeros(4096), torch.zeros(10)]
-    states = lowbit.new_states([(ps[0], "8bit"), (ps[1], "bfloat16"), (ps[2], "8bit"), (ps[3], "float32")])
-    low = [t for st in states[:3] for t in st.values()]
+    cl = torch.zeros(4, 8, 16, 16).to(memory_format=torch.channels_last)
+    ps = [torch.zeros(1024, 1030), torch.zeros(999, 771), torch.zeros(4096), torch.zeros(10), cl]
+    states = lowbit.new_states([(ps[0], "8bit"), (ps[1], "bfloat16"), (ps[2], "8bit"), (ps[3], "float32"),
+                                (ps[4], "float32")])
+    mapped = [t for st in states[:4] for t in st.values()]
     assert [t.dtype for t in states[0].values()] == [torch.uint8, torch.uint8, torch.float32, torch.float32]
     assert states[0]["exp_avg"].shape == ps[0].shape and states[0]["exp_avg_absmax"].numel() == -(-1024 * 1030 // 256)
     assert states[1]["exp_avg_sq"].dtype == torch.bfloat16 and states[1]["exp_avg_sq"].shape == ps[1].shape
-    assert all(t.is_contiguous() and not t.any() and t.data_ptr() % 64 == 0 for t in low)
-    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in low)
+    assert list(states[3]) == ["exp_avg", "exp_avg_sq"] and states[3]["exp_avg"].dtype == torch.float32
+    assert all(t.is_contiguous() and not t.any() and t.data_ptr() % 64 == 0 for t in mapped)
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in mapped)
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # disjoint
-    start, end, flags = mapping_of(low[0].data_ptr())
-    assert all(start <= t.data_ptr() < end for t in low)
+    start, end, flags = mapping_of(mapped[0].data_ptr())
+    assert all(start <= t.data_ptr() < end for t in mapped)
     with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
         if "[never]" not in f.read():
             assert "hg" in flags, flags  # MADV_HUGEPAGE
-    fp32 = states[3]["exp_avg"]
-    assert fp32.dtype == torch.float32 and not start <= fp32.data_ptr() < end
-    low[0].fill_(3)  # views of one buffer, written independently
-    assert not low[1].any()
+    strided = states[4]["exp_avg"]
+    assert strided.is_contiguous(memory_format=torch.channels_last) and not strided.is_contiguous()
+    assert not start <= strided.data_ptr() < end and not strided.any()
+    mapped[0].fill_(3)  # views of one buffer, written independently
+    assert not mapped[1].any()
+
+
+def test_heap_mmap_threshold_refuses_bad_sizes():
+    from accelerate_c import _C
+    if _C.heap_mmap_threshold(1 << 40) is None:
+        pytest.skip("not glibc: nothing to tune")
+    assert _C.heap_mmap_threshold(1 << 40) is False  # above glibc's limit: refused, nothing changed
+    with pytest.raises(OverflowError):
+        _C.heap_mmap_threshold(-1)
+    with pytest.raises(TypeError):
+        _C.heap_mmap_threshold("4 MiB")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap")
+@pytest.mark.parametrize("mode", ["on", "off", "auto"])
+def test_large_cpu_tensors_stay_out_of_the_heap(run, tmp_path, mode):
+    """With ACCELERATE_C_LARGE_TENSOR_PAGES=on, after Accelerator() on CPU a step's large temporaries (here 16 MiB
+    tensors made and freed in turn, between small long-lived blocks) leave nothing resident in the C heap; off (and
+    auto on one process: only ZeRO-3 / FULL_SHARD asks for it), glibc's default (its mmap threshold raised to
+    16 MiB by the first free) keeps them in a heap that grows and holds them."""
+    out = tmp_path / "heap.json"
+    run("heap_probe.py", [str(out)], env={"ACCELERATE_C_LARGE_TENSOR_PAGES": mode}, timeout=120)
+    r = json.loads(out.read_text())
+    if r["libc"] != "glibc":
+        pytest.skip("not glibc: nothing to tune")
+    if mode == "on":
+        assert r["thp_env"] == "1", r
+        assert r["heap_growth"] < (4 << 20) and r["rss_growth"] < (8 << 20), r
+    else:
+        assert r["thp_env"] is None, r
+        assert r["heap_growth"] >= (12 << 20), r  # what the policy prevents (the test would pass without it else)

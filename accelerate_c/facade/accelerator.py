@@ -29,7 +29,7 @@ from .tracking_api import TrackingAPI
 from ..base import settings
 from ..base.dataclasses import (DataLoaderConfiguration, GradientAccumulationPlugin, KwargsHandler,
                                 ProjectConfiguration, TorchDynamoPlugin)
-from ..runtime.memory import give_back_freed_memory, release_memory
+from ..runtime.memory import give_back_freed_memory, release_memory, tune_cpu_heap
 from ..runtime.models import compile_model, extract_model_from_parallel
 
 _UNSET = object()
@@ -124,6 +124,8 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         self._process_index = self.state.process_index
         self._local_process_index = self.state.local_process_index
         self.strategy = select_strategy(StrategyContext(self.state, self.handlers))
+        if self.state.device.type == "cpu":  # before the model is built, where scripts build it after Accelerator()
+            tune_cpu_heap(self.strategy.frees_whole_units)
         # the precision's C kernels (fp16 unscale) follow the same switch as the strategy's optimizer step
         self.precision = make_precision(self.state.mixed_precision, self.device, self.handlers,
                                         fused_kernels=self.strategy.config.fused_optimizer)

@@ -5,6 +5,16 @@
 # give_back_freed_memory: the C heap's free pages back to the system, called once after prepare() and once after
 # the first optimizer step (what sharding replaced and the optimizer's first-step temporaries are freed then; glibc
 # keeps freed blocks below its mmap threshold in its arenas, so the process would otherwise go on holding them).
+# tune_cpu_heap: where large CPU tensors live (ACCELERATE_C_LARGE_TENSOR_PAGES, at Accelerator() on CPU, by default
+# where the strategy says so: ZeRO-3 / FULL_SHARD, which gather and free every unit twice per step): each
+# tensor of 2 MiB and more in a mapping of its own with transparent huge pages (torch's THP_MEM_ALLOC_ENABLE), and
+# glibc's mmap threshold fixed at 4 MiB. By default glibc raises that threshold to the size of each large block
+# freed, so a step's temporaries (gathered units, weight gradients, optimizer scratch) land in the heap, where a
+# small long-lived block placed among them keeps the pages of the freed ones resident and the top of the heap is
+# given back and faulted in again 4 KiB at a time from step to step (benchmarks/memory.py: 100-400 MiB per rank held
+# this way, and 50-300 thousand page faults per step). Not the default elsewhere: a fresh mapping is zero-filled by
+# the system on first touch, which costs DDP and ZeRO-2 3-9 % of a small model's step (benchmarks/zero_step.py,
+# the *_glibc kinds) where their heap reuse was cheap and their memory already low.
 # Not for: the Accelerator's own bookkeeping (Accelerator.free_memory calls release_memory).
 from __future__ import annotations
 
@@ -14,6 +24,8 @@ import inspect
 from typing import Any, Callable, Optional
 
 import torch
+
+from ..base import settings
 
 # The messages that mean "out of memory" (CUDA/HIP/XPU, MPS, cuDNN's unsupported-size error, the CPU
 # allocator, HPU), as HF matches them.
@@ -52,6 +64,27 @@ def give_back_freed_memory() -> Optional[bool]:
     lists (milliseconds): for the few points where a run frees most of what it held, not for every step."""
     from .. import _C
     return _C.heap_trim()
+
+
+MMAP_THRESHOLD = 4 << 20  # not below torch's 2 MiB huge-page threshold: a smaller mapped block faults in 4 KiB pages
+_tuned = False
+
+
+def tune_cpu_heap(strategy_wants: bool, env: Optional[dict] = None) -> bool:
+    """Once per process, where ACCELERATE_C_LARGE_TENSOR_PAGES says so ("auto": where `strategy_wants`, "on",
+    "off"): large CPU tensors in huge-page mappings of their own (THP_MEM_ALLOC_ENABLE=1 where the user has not
+    set it; torch reads it at its first tensor of 2 MiB or more, so it takes effect only where none was made
+    before) and a fixed 4 MiB mmap threshold (glibc; elsewhere nothing). Returns whether the policy is on."""
+    global _tuned
+    mode = settings.get("LARGE_TENSOR_PAGES", env)
+    if mode == "off" or (mode == "auto" and not strategy_wants):
+        return _tuned
+    if not _tuned:
+        _tuned = True
+        settings.env_setdefault("THP_MEM_ALLOC_ENABLE", "1")
+        from .. import _C
+        _C.heap_mmap_threshold(MMAP_THRESHOLD)
+    return True
 
 
 def release_memory(*objects: Any) -> list:

@@ -89,6 +89,12 @@ class Strategy:
         differ, so overflow decisions and gradient norms are agreed over them."""
         return self.state.parallel_layout.dim("model")
 
+    @property
+    def frees_whole_units(self) -> bool:
+        """Whether each step allocates and frees whole units of parameters (stage 3's gathers): CPU runs then keep
+        large tensors out of the C heap by default (runtime/memory.py tune_cpu_heap)."""
+        return False
+
     # -- preparation -----------------------------------------------------------------------------------
     def prepare_objects(self, objects: list, accelerator: Any) -> list:
         """Called by Accelerator.prepare with all the objects of one call before any is prepared; returns the list

@@ -84,6 +84,10 @@ class ShardedDataParallel(BucketedDataParallel):
     def stage(self) -> int:
         return int(self.config.stage)
 
+    @property
+    def frees_whole_units(self) -> bool:
+        return self.stage == 3
+
     def _engine_config(self) -> ShardedConfig:
         """The Accelerator's mixed_precision="bf16" / "fp16" means a bf16 / fp16 compute copy unless param_dtype
         says otherwise (HF: FSDP's set_mixed_precision, DeepSpeed's bf16 / fp16 block); fp32 master shards."""

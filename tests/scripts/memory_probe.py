@@ -37,7 +37,7 @@ if kind.startswith("z"):
 acc = Accelerator(deepspeed_plugin=plugin)
 model, opt = acc.prepare(model, opt)
 gc.collect()
-res = {"expired": [r.expired() for r in refs]}
+res = {"expired": [r.expired() for r in refs], "thp_env": os.environ.get("THP_MEM_ALLOC_ENABLE")}
 g = torch.Generator().manual_seed(acc.process_index)
 
 
