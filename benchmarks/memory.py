@@ -13,7 +13,9 @@
 # Printed per rank: the PSS growth split into anonymous memory and shared memory (/proc/self/smaps_rollup).
 # Kinds: torch_ddp, torch_fsdp2, torch_fsdp2_trim (torch.distributed.run, gloo), ddp, z1, z2, z3, fsdp (ours,
 # `accelerate_c launch`; z<N> through DeepSpeedPlugin(zero_stage=N), fsdp through FSDP FULL_SHARD; one unit per
-# Block). Ratios are against torch_ddp and torch_fsdp2_trim of the same run; several rounds give min-max ranges.
+# Block), fsdp_glibc (fsdp with ACCELERATE_C_LARGE_TENSOR_PAGES=off: torch's and glibc's heap defaults instead of
+# large tensors in mappings of their own, runtime/memory.py tune_cpu_heap). Ratios are against torch_ddp and
+# torch_fsdp2_trim of the same run; several rounds give min-max ranges.
 # Targets (issue 20): ddp <= 0.9x torch DDP, z2 <= 0.7x, z3/fsdp <= 0.55x torch DDP and <= 1.25x FSDP2 trimmed;
 # at 3 processes z3 <= 0.4x torch DDP.
 # Not for: step time (benchmarks/ddp_step.py, zero_step.py) or sharded construction (sharded_init.py).
@@ -36,7 +38,7 @@ sys.path.insert(0, HERE)
 
 from _results import append_results, run_ranks  # noqa: E402
 
-KINDS = ("torch_ddp", "torch_fsdp2", "torch_fsdp2_trim", "ddp", "z1", "z2", "z3", "fsdp")
+KINDS = ("torch_ddp", "torch_fsdp2", "torch_fsdp2_trim", "ddp", "z1", "z2", "z3", "fsdp", "fsdp_glibc")
 MiB = 1 << 20
 
 
@@ -214,8 +216,10 @@ def launch(kind: str, args, tmp: str) -> list[dict]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("ACCELERATE_USE_CPU", None)
     out = os.path.join(tmp, f"{kind}-{time.monotonic_ns()}")
-    script = [os.path.abspath(__file__), "--worker", kind, "--out", out, "--width", str(args.width), "--layers",
-              str(args.layers), "--batch", str(args.batch)]
+    if kind.endswith("_glibc"):  # torch's and glibc's heap defaults (no tune_cpu_heap): what the policy changes
+        env["ACCELERATE_C_LARGE_TENSOR_PAGES"] = "off"
+    script = [os.path.abspath(__file__), "--worker", kind.removesuffix("_glibc"), "--out", out, "--width",
+              str(args.width), "--layers", str(args.layers), "--batch", str(args.batch)]
     if kind.startswith("torch_"):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc), *script]
     else:

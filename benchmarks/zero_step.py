@@ -8,6 +8,9 @@
 # Each run also times the optimizer step alone (opt.step()) per rank: under ZeRO a rank steps 1/N of the
 # parameters. ddp_nosplit (ACCELERATE_C_SHARDED_STEP=0: every DDP rank steps every parameter) gives the
 # per-rank step of plain DDP. The driver interleaves the runs for --rounds rounds and reports medians.
+# z3_glibc: z3 with ACCELERATE_C_LARGE_TENSOR_PAGES=off (torch's and glibc's heap defaults; stage 3 is where the
+# policy is on by default), for its step-time cost or gain; ddp_glibc, z1_glibc, z2_glibc (not in the default set)
+# with =on vs their default runs the other way round: ACCELERATE_C_LARGE_TENSOR_PAGES=on ... --kinds ddp,ddp_glibc.
 # --bf16: the sharded stages under bf16 mixed precision (DeepSpeed bf16 block: a bf16 compute copy of fp32 master
 # shards), each as z<N>_bf16 (the C paths: the pack kernel, the fused step writing the compute copy) and
 # z<N>_bf16_torch (ACCELERATE_C_SHARD_KERNELS=0: torch copies and a separate cast after the step), with the ratio.
@@ -31,7 +34,7 @@ sys.path.insert(0, HERE)
 from ddp_step import add_model_args, free_port, make_batches, make_model  # noqa: E402  (the same model and data)
 from _results import append_results, run_ranks  # noqa: E402
 
-KINDS = ("ddp", "ddp_nosplit", "z1", "z2", "z3", "fsdp2", "local")
+KINDS = ("ddp", "ddp_nosplit", "z1", "z2", "z3", "z3_glibc", "fsdp2", "local")
 BF16_KINDS = ("z1_bf16", "z1_bf16_torch", "z2_bf16", "z2_bf16_torch", "z3_bf16", "z3_bf16_torch")
 
 
@@ -127,6 +130,8 @@ def launch(kind: str, args, tmp: str) -> list[dict]:
         env["ACCELERATE_C_SHARD_KERNELS"] = "0"
     if kind == "ddp_nosplit":
         env["ACCELERATE_C_SHARDED_STEP"] = "0"
+    if kind.endswith("_glibc"):  # torch's and glibc's heap defaults (no tune_cpu_heap): the policy's cost or gain
+        env["ACCELERATE_C_LARGE_TENSOR_PAGES"] = "off"
     if kind == "fsdp2":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                str(free_port()), *script]
