@@ -21,11 +21,14 @@ from __future__ import annotations
 import functools
 import gc
 import inspect
+import logging
 from typing import Any, Callable, Optional
 
 import torch
 
 from ..base import settings
+
+logger = logging.getLogger(__name__)
 
 # The messages that mean "out of memory" (CUDA/HIP/XPU, MPS, cuDNN's unsupported-size error, the CPU
 # allocator, HPU), as HF matches them.
@@ -67,24 +70,53 @@ def give_back_freed_memory() -> Optional[bool]:
 
 
 MMAP_THRESHOLD = 4 << 20  # not below torch's 2 MiB huge-page threshold: a smaller mapped block faults in 4 KiB pages
-_tuned = False
+_PROBE_BYTES = 2 << 20    # torch's huge-page threshold
+_tuned: Optional[bool] = None  # None: not decided yet in this process
 
 
 def tune_cpu_heap(strategy_wants: bool, env: Optional[dict] = None) -> bool:
     """Once per process, where ACCELERATE_C_LARGE_TENSOR_PAGES says so ("auto": where `strategy_wants`, "on",
     "off"): large CPU tensors in huge-page mappings of their own (THP_MEM_ALLOC_ENABLE=1 where the user has not
-    set it; torch reads it at its first tensor of 2 MiB or more, so it takes effect only where none was made
-    before) and a fixed 4 MiB mmap threshold (glibc; elsewhere nothing). Returns whether the policy is on."""
+    set it) and a fixed 4 MiB mmap threshold (glibc; elsewhere nothing). torch reads the variable at its first tensor
+    of 2 MiB or more: where one was made before (or the system has no transparent huge pages) the threshold is left
+    alone too, since mapped blocks would then fault in 4 KiB at a time, and the run goes on with glibc's defaults
+    (logged). Returns whether the policy is on."""
     global _tuned
     mode = settings.get("LARGE_TENSOR_PAGES", env)
-    if mode == "off" or (mode == "auto" and not strategy_wants):
-        return _tuned
-    if not _tuned:
-        _tuned = True
-        settings.env_setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    if _tuned is not None or mode == "off" or (mode == "auto" and not strategy_wants):
+        return bool(_tuned)
+    settings.env_setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    _tuned = _torch_marks_huge_pages()
+    if _tuned:
         from .. import _C
         _C.heap_mmap_threshold(MMAP_THRESHOLD)
-    return True
+    else:
+        logger.info("large CPU tensors stay in the C heap (glibc's defaults): torch made a tensor of 2 MiB or more "
+                    "before Accelerator() with THP_MEM_ALLOC_ENABLE unset, or the system has no transparent huge "
+                    "pages (docs/sharding.md, 'Memory a rank holds')")
+    return _tuned
+
+
+def _torch_marks_huge_pages() -> bool:
+    """Whether torch's CPU allocator now marks a fresh tensor of 2 MiB for transparent huge pages (its mapping's
+    VmFlags in /proc/self/smaps say "hg") and the system may give them (not "never")."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            if "[never]" in f.read():
+                return False
+        probe = torch.empty(_PROBE_BYTES, dtype=torch.uint8)
+        ptr, inside = probe.data_ptr(), False
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(maxsplit=1)[0] if line.strip() else ""
+                if "-" in head and ":" not in head:
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    inside = lo <= ptr < hi
+                elif inside and head == "VmFlags:":
+                    return "hg" in line.split()[1:]
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 def release_memory(*objects: Any) -> list:

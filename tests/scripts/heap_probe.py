@@ -1,7 +1,8 @@
 # tests/scripts/heap_probe.py: what the C heap keeps of large CPU temporaries after Accelerator() on CPU, for
 # tests/test_memory.py: 16 MiB tensors made, filled and freed in turn, each followed by a small long-lived tensor
 # (as a step's freed temporaries sit between the blocks it keeps), then the heap's growth (glibc mallinfo2's arena)
-# and the process's resident growth, and THP_MEM_ALLOC_ENABLE as torch sees it. Writes JSON to argv[1].
+# and the process's resident growth, THP_MEM_ALLOC_ENABLE and whether the policy took. Writes JSON to argv[1];
+# argv[2] "late": a 4 MiB tensor is made before Accelerator() (torch has then read its huge-page switch: unset).
 # Not for: per-strategy figures (benchmarks/memory.py).
 import ctypes
 import json
@@ -26,8 +27,11 @@ def rss() -> int:
 
 def main() -> None:
     import os
+    from accelerate_c.runtime import memory
+    early = torch.ones(1 << 20) if sys.argv[2:] == ["late"] else None
     Accelerator(cpu=True)
-    out = {"libc": platform.libc_ver()[0], "thp_env": os.environ.get("THP_MEM_ALLOC_ENABLE")}
+    out = {"libc": platform.libc_ver()[0], "thp_env": os.environ.get("THP_MEM_ALLOC_ENABLE"),
+           "policy": memory._tuned, "early": early is not None}
     if out["libc"] == "glibc":
         libc = ctypes.CDLL("libc.so.6")
         libc.mallinfo2.restype = MallInfo2
