@@ -9,8 +9,9 @@
 # parameters. ddp_nosplit (ACCELERATE_C_SHARDED_STEP=0: every DDP rank steps every parameter) gives the
 # per-rank step of plain DDP. The driver interleaves the runs for --rounds rounds and reports medians.
 # z3_glibc: z3 with ACCELERATE_C_LARGE_TENSOR_PAGES=off (torch's and glibc's heap defaults; stage 3 is where the
-# policy is on by default), for its step-time cost or gain; ddp_glibc, z1_glibc, z2_glibc (not in the default set)
-# with =on vs their default runs the other way round: ACCELERATE_C_LARGE_TENSOR_PAGES=on ... --kinds ddp,ddp_glibc.
+# heap policy is on by default), for its step-time cost or gain. ddp_glibc, z1_glibc, z2_glibc (not in the default
+# set: the policy is off for those stages already) serve the other comparison: run the driver with
+# ACCELERATE_C_LARGE_TENSOR_PAGES=on and --kinds ddp,ddp_glibc,... (ddp then runs with the policy, ddp_glibc without).
 # --bf16: the sharded stages under bf16 mixed precision (DeepSpeed bf16 block: a bf16 compute copy of fp32 master
 # shards), each as z<N>_bf16 (the C paths: the pack kernel, the fused step writing the compute copy) and
 # z<N>_bf16_torch (ACCELERATE_C_SHARD_KERNELS=0: torch copies and a separate cast after the step), with the ratio.
