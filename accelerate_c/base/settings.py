@@ -187,9 +187,10 @@ TABLE: tuple[Setting, ...] = (
     _S("LARGE_TENSOR_PAGES", "choice", "auto", "CPU runs: torch tensors of 2 MiB and more in mappings of their "
        "own with transparent huge pages (torch's THP_MEM_ALLOC_ENABLE) and glibc's mmap threshold fixed at 4 MiB, so "
        "a step's freed temporaries go back to the system at once instead of staying in (and fragmenting) the C "
-       "heap; left off (logged) where torch made such a tensor before Accelerator() or the system has no huge pages. auto = where the strategy gathers "
-       "and frees whole units every step (ZeRO-3, FSDP FULL_SHARD); on = every CPU run; off = torch's and glibc's "
-       "defaults", "runtime/memory.py (tune_cpu_heap, at Accelerator())", choices=("auto", "on", "off")),
+       "heap; left off (logged) where torch made such a tensor before Accelerator() or the system has no huge "
+       "pages. auto = where the strategy gathers and frees whole units every step (ZeRO-3, FSDP FULL_SHARD); on = "
+       "every CPU run; off = torch's and glibc's defaults", "runtime/memory.py (tune_cpu_heap, at Accelerator())",
+       choices=("auto", "on", "off")),
     _S("AS_ACCELERATE", "bool", False, "every `import accelerate` (the package and its submodules) resolves to "
        "accelerate_c, for code that imports HF Accelerate itself (transformers' Trainer, PEFT, TRL); read at "
        "interpreter start-up by the accelerate_c_as_accelerate.pth file the package installs, and by the "

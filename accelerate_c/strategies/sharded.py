@@ -364,10 +364,7 @@ class ShardedDataParallel(BucketedDataParallel):
 
     def optimizer_model(self, optimizer: torch.optim.Optimizer) -> Optional[torch.nn.Module]:
         """The user model whose shard pieces this optimizer steps (its parameters are pieces, not the model's)."""
-        for sp in self.sharded:
-            if sp.owns(optimizer):
-                return sp.engine.model
-        return None
+        return next((sp.engine.model for sp in self.sharded if sp.owns(optimizer)), None)
 
     def slices_loaded(self, model: torch.nn.Module) -> None:
         """After a checkpoint loader wrote into model_slices: rebuild what derives from the shards (collective;
