@@ -37,7 +37,9 @@ if kind.startswith("z"):
 acc = Accelerator(deepspeed_plugin=plugin)
 model, opt = acc.prepare(model, opt)
 gc.collect()
-res = {"expired": [r.expired() for r in refs], "thp_env": os.environ.get("THP_MEM_ALLOC_ENABLE")}
+from accelerate_c.runtime import memory  # noqa: E402
+res = {"expired": [r.expired() for r in refs], "thp_env": os.environ.get("THP_MEM_ALLOC_ENABLE"),
+       "policy": memory._tuned}
 g = torch.Generator().manual_seed(acc.process_index)
 
 
