@@ -59,14 +59,15 @@ def test_what_a_prepared_run_holds(run, tmp_path, kind):
 def test_a_page_buffer_gives_its_pages_back_and_reads_zeros():
     from accelerate_c.base.pages import PageBuffer
     sys.path.insert(0, SCRIPTS)
-    from memory_probe_util import mapping_rss
+    from memory_probe_util import mapping_rss, range_rss
     buf = PageBuffer(3 << 20, torch.float32)  # 12 MiB
     t = buf.tensor
     assert t.numel() == 3 << 20 and not t.any()
     t.fill_(1.5)
     assert mapping_rss([t.data_ptr()]) >= t.numel() * 4
+    assert range_rss(t.data_ptr(), t.numel() * 4) == t.numel() * 4
     buf.zero_()
-    assert mapping_rss([t.data_ptr()]) == 0 and not t.any()
+    assert mapping_rss([t.data_ptr()]) == 0 and range_rss(t.data_ptr(), t.numel() * 4) == 0 and not t.any()
     t[7] = 2.0  # written again: memory again, the rest still zeros
     assert t.sum().item() == 2.0
     assert PageBuffer(0).tensor.numel() == 0

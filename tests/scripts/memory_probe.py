@@ -20,7 +20,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from accelerate_c import Accelerator, DeepSpeedPlugin
-from memory_probe_util import mapping_rss
+from memory_probe_util import mapping_rss, range_rss
 
 kind, out = sys.argv[1], sys.argv[2]
 
@@ -72,14 +72,14 @@ if kind == "ddp":
                param_bytes=sum(p.numel() * 4 for p in acc.unwrap_model(model).parameters()))
 else:
     e, = acc.strategy.engines
-    ptr = [e.gshard.data_ptr()]
-    gshard_rss = [mapping_rss(ptr)]  # after zero_grad: given back
+    ptr, nbytes = e.gshard.data_ptr(), e.gshard.numel() * e.gshard.element_size()
+    gshard_rss = [range_rss(ptr, nbytes)]  # after zero_grad: given back
     loss = model(torch.randn(8, 64, generator=g)).pow(2).mean()
     acc.backward(loss)
-    gshard_rss.append(mapping_rss(ptr))  # written by the backward's reduce-scatters
+    gshard_rss.append(range_rss(ptr, nbytes))  # written by the backward's reduce-scatters
     opt.step()
     opt.zero_grad()
-    gshard_rss.append(mapping_rss(ptr))
+    gshard_rss.append(range_rss(ptr, nbytes))
     res.update(gshard_rss=gshard_rss, gshard_bytes=e.gshard.numel() * e.gshard.element_size())
     res.update(staging=sum(s.numel() * s.element_size() for s in e.staging),
                biggest=max(u.padded for u in e.units) * 4)

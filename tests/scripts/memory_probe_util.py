@@ -29,3 +29,16 @@ def mapping_of(ptr: int) -> tuple[int, int, list[str]]:
             elif head == "VmFlags:" and found:
                 return found[0], found[1], line.split()[1:]
     raise LookupError(f"no mapping holds {ptr:#x}")
+
+
+def range_rss(ptr: int, nbytes: int) -> int:
+    """Resident bytes of [ptr, ptr + nbytes) itself, page by page (/proc/self/pagemap's present bit): unlike
+    mapping_rss, not swelled by a neighbouring mapping the kernel merged into the same VMA (two anonymous mappings
+    with the same flags, e.g. the gradient shard's and the optimizer state's huge-page mappings)."""
+    page = 4096
+    first, last = ptr // page, (ptr + nbytes - 1) // page
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        raw = f.read((last - first + 1) * 8)
+    present = sum(1 for i in range(0, len(raw), 8) if raw[i + 7] & 0x80)
+    return present * page
