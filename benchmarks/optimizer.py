@@ -13,7 +13,8 @@
 # (the host's copy bandwidth swings between runs), and each bound is its bytes at the copy's median bandwidth of the
 # same reps, so each % is a same-run ratio of medians; the best-copy figure is printed beside it.
 # --lowbit also reports each kernel's regime: its one-thread compute rate on an L3-resident 1M-parameter buffer
-# against its bytes bound, so a host where fewer bytes buy nothing (the step is compute-bound) shows it.
+# against its bytes bound, so a host where fewer bytes buy nothing (the step is compute-bound) shows it, and each
+# kernel's instructions per element on this host's SIMD path (counted by single-stepping, _instcount.py).
 # Not for: correctness (tests/test_optim.py, tests/test_optim_lowbit.py).
 from __future__ import annotations
 
@@ -24,8 +25,6 @@ import os
 import statistics
 import sys
 import time
-
-from typing import Optional
 
 import torch
 
@@ -340,52 +339,31 @@ def regime(kw: dict, bpp: dict, res: dict, n: int, bw: float, reps: int) -> list
         out.append(f"  {k:34s} {rate / 1e9:6.3f} Gelem/s per thread: compute {tc * 1e3:7.2f} ms of {res[k] * 1e3:7.2f} ms"
                    f" measured (share {share:4.2f}: {which}); copy bound {tb * 1e3:7.2f} ms; at most "
                    f"{base / tc:5.2f}x torch fused fp32 if memory were free")
-    for k, sym in KERNELS.items():
-        got = loop_instructions(f"{sym}_avx512") if _C.simd_level() == "avx512" else None
-        if got:
-            n_ins, n_div, n_el = got
-            out.append(f"  {k:34s} hot loop ({sym}_avx512, objdump): {n_ins} instructions per {n_el} elements = "
-                       f"{n_ins / n_el:.2f} per element, {n_div} of them zmm divisions / square roots")
+    out += instruction_counts(t, m)
     return out
 
 
-KERNELS = {"accelerate_c AdamW fp32 state": "adam_range", "accelerate_c AdamW bf16 state": "adam_bf16s_range",
-           "accelerate_c AdamW 8-bit state": "adam_q8_blocks"}
+def instruction_counts(t: dict, m: int) -> list[str]:
+    """Instructions per element of each kernel on this host's SIMD path (ptrace single-stepping, _instcount.py), and
+    the rate the measured one-thread time implies: what the compute-bound step is made of."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import _instcount
 
-
-def loop_instructions(symbol: str) -> Optional[tuple[int, int, int]]:
-    """Static count of the kernel's hot loop in the built extension (objdump; the host has no hardware counters
-    to read here): (instructions per iteration, zmm divisions and square roots per iteration, elements per
-    iteration), for the loop with the most of them; the update divides twice per 16-lane vector, so elements =
-    16 x divisions / 2. None without objdump or the symbol."""
-    import re
-    import shutil
-    import subprocess
-    so = _C.__file__
-    if not shutil.which("objdump") or not shutil.which("nm"):
-        return None
-    syms = sorted((int(a, 16), n) for a, _, n in (line.split()[:3] for line in subprocess.run(
-        ["nm", so], capture_output=True, text=True).stdout.splitlines() if len(line.split()) == 3))
-    starts = [i for i, (_, n) in enumerate(syms) if n == symbol]
-    if not starts:
-        return None
-    lo, hi = syms[starts[0]][0], syms[starts[0] + 1][0]
-    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", f"--start-address={lo:#x}",
-                           f"--stop-address={hi:#x}", so], capture_output=True, text=True).stdout
-    ins = [(int(m[1], 16), m[2]) for m in re.finditer(r"^\s*([0-9a-f]+):\s+(\S.*)$", text, re.M)]
-    best = None
-    for k, (addr, op) in enumerate(ins):
-        m = re.match(r"j\w+\s+([0-9a-f]+)", op)
-        if not m or not op.startswith("j") or op.startswith("jmp"):
-            continue
-        target = int(m[1], 16)
-        if target >= addr:
-            continue
-        body = [o for a, o in ins[:k + 1] if a >= target]
-        divs = sum(o.startswith(("vdivps", "vsqrtps")) and "zmm" in o for o in body)
-        if divs and (best is None or divs > best[1]):
-            best = (len(body), divs, 16 * sum(o.startswith("vdivps") and "zmm" in o for o in body) // 2)
-    return best
+    sizes = (4096, 20480)
+    try:
+        got = _instcount.per_element(list(_instcount.KINDS.values()), sizes)
+    except _instcount.TraceError as e:
+        return [f"Instruction counts unavailable: {e}"]
+    out = [f"Instructions per element, each kernel on one thread (simd={_C.simd_level()}; counted by single-stepping "
+           f"its call at {sizes[0]} and {sizes[1]} elements, benchmarks/_instcount.py), and the instruction rate of "
+           f"the compute-rate runs above:"]
+    for k, kind in _instcount.KINDS.items():
+        c = got[kind]
+        ipe = (c[-1] - c[0]) / (sizes[-1] - sizes[0])
+        rate = 24 * m / t[k]
+        out.append(f"  {k:34s} {ipe:6.2f} instructions/element  x {rate / 1e9:5.3f} Gelem/s = "
+                   f"{ipe * rate / 1e9:5.2f} G instructions/s per thread")
+    return out
 
 
 def deepspeed_adam(ps, kw, lines):
