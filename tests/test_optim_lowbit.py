@@ -183,12 +183,14 @@ def test_quantize_matches_reference(signed, level, n):
 
 def _boundary_values(signed):
     """Normalised inputs where an encoder that is one ulp off, or picks the wrong decade, gives another code: every
-    code's value, every midpoint between neighbouring codes, every decade threshold and the tiny-value clamp, each
-    with its two float neighbours, all in [0, 1]."""
+    code's value, every midpoint between neighbouring codes, every decade threshold, every power of two down to
+    2^-31 (the vector encoders find the decade by binade and clamp tiny values to a power of two), each with its two
+    float neighbours, all in [0, 1]."""
     t = ref_tables(signed)
     vals = ref_values(signed)
     mids = ((vals[1:].double() + vals[:-1].double()) / 2).float()
-    pts = torch.cat([vals, mids, torch.tensor(t["thr"][1:]), torch.tensor([2.0 ** -29, 2.0 ** -30, 1e-38, 1e-45, 1.0])])
+    twos = [2.0 ** -k for k in range(32)]
+    pts = torch.cat([vals, mids, torch.tensor(t["thr"][1:]), torch.tensor([*twos, 1e-38, 1e-45])])
     near = torch.cat([pts, torch.nextafter(pts, torch.full_like(pts, 2.0)), torch.nextafter(pts, torch.zeros_like(pts))])
     return near.clamp(0, 1)
 
