@@ -268,6 +268,39 @@ def test_8bit_step_nonfinite_zero_and_boundary_blocks_same_bits(level):
         same(run(level, nt), ref, f"{level} x{nt}")
 
 
+@pytest.mark.parametrize("level", LEVELS)
+def test_bf16_step_nonfinite_same_bits(level):
+    """bf16 state whose moments become NaN (gradients holding NaN of both signs, +inf, -inf) through both vector loops
+    (the common call's, and the general one with a bf16 copy of the param): the scalar path's bits on every level and
+    thread count, NaN stored as the canonical 0x7fc0 (the vector paths patch the arithmetic's NaN)."""
+    n = 4096 + 37
+    g = torch.Generator().manual_seed(21)
+    grads = []
+    for _ in range(2):
+        grad = torch.randn(n, generator=g) * 1e-2
+        grad[[5, 300, 1033, 2049]] = torch.tensor([float("nan"), -float("nan"), float("inf"), -float("inf")])
+        grads.append(grad)
+
+    def run(lvl, nt, lp):
+        p = torch.randn(n, generator=torch.Generator().manual_seed(4))
+        m = torch.zeros(n, dtype=torch.bfloat16)
+        v = torch.zeros(n, dtype=torch.bfloat16)
+        out_lp = torch.empty(n, dtype=torch.bfloat16) if lp else None
+        out = []
+        with simd(lvl):
+            for s, grad in enumerate(grads, 1):
+                aopt.adamw_flat_(p, grad, m, v, s, offset=64, salt=3, low_precision_out=out_lp, num_threads=nt, **KW)
+                out += [p.clone(), m.clone(), v.clone()] + ([out_lp.clone()] if lp else [])
+        return out
+
+    for lp in (False, True):
+        ref = run("scalar", 1, lp)
+        nan_bits = {int(b) for t in ref[1:3] for b in t.view(torch.int16)[torch.isnan(t)]}
+        assert nan_bits == {0x7FC0}, nan_bits
+        for nt in (1, 3):
+            same(run(level, nt, lp), ref, f"{level} x{nt} lp={lp}")
+
+
 # --------------------------------------------------------------------------------------------- the fused step
 def _adam_sequence(layout, level, nthreads, n=70_001, steps=4, grad_dtype=torch.float32, offset=0, lp=False):
     g = torch.Generator().manual_seed(3)
