@@ -178,6 +178,25 @@ static inline ACC_AI ACC_TARGET_AVX2 __m128i acc_f32x8_to_bf16_sr(__m256 x, __m2
     return _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
+/* The same for 16 lanes, x0's 8 then x1's, as one vector of 16 bf16; r0 / r1 must already be below 2^16 (the caller's
+ * mask or shift). NaN lanes take 0x7fc0 in the 32-bit sums, then one byte shuffle per vector moves each sum's top
+ * half into its 128-bit lane's low (x0) or high (x1) 8 bytes, a dword blend joins them and a qword permute restores
+ * the order: three shuffle-port ops for 16 lanes instead of six (shifts, extracts, packs), the port the Adam
+ * update's divisions leave to everything else on Zen 3. */
+static inline ACC_AI ACC_TARGET_AVX2 __m256i acc_f32x8x2_to_bf16_sr16(__m256 x0, __m256 x1, __m256i r0, __m256i r1) {
+    const __m256i qnan = _mm256_set1_epi32(0x7fc00000);
+    const __m256i lo = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i hi = _mm256_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 2, 3, 6, 7, 10, 11, 14, 15,
+                                        -1, -1, -1, -1, -1, -1, -1, -1, 2, 3, 6, 7, 10, 11, 14, 15);
+    __m256i s0 = _mm256_blendv_epi8(_mm256_add_epi32(_mm256_castps_si256(x0), r0), qnan,
+                                    _mm256_castps_si256(_mm256_cmp_ps(x0, x0, _CMP_UNORD_Q)));
+    __m256i s1 = _mm256_blendv_epi8(_mm256_add_epi32(_mm256_castps_si256(x1), r1), qnan,
+                                    _mm256_castps_si256(_mm256_cmp_ps(x1, x1, _CMP_UNORD_Q)));
+    __m256i h = _mm256_blend_epi32(_mm256_shuffle_epi8(s0, lo), _mm256_shuffle_epi8(s1, hi), 0xcc);
+    return _mm256_permute4x64_epi64(h, 0xd8);
+}
+
 static inline ACC_AI ACC_TARGET_AVX512 __m256i acc_f32x16_to_bf16_sr(__m512 x, __m512i r) {
     __m512i u = _mm512_castps_si512(x);
     __m512i h = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_and_si512(r, _mm512_set1_epi32(0xffff))), 16);
