@@ -7,6 +7,7 @@
 #include "cpu.h"
 #include "heap.h"
 #include "options.h"
+#include "parallel.h"
 #include "tensor.h"
 
 /* ---- core functions ------------------------------------------------------------------------------ */
@@ -61,13 +62,18 @@ static PyObject *core_set_options(PyObject *module, PyObject *const *args, Py_ss
             if (!PyBool_Check(v))
                 return PyErr_Format(PyExc_TypeError, "set_options: cast_thp must be a bool, got %R", v);
             o.cast_thp = v == Py_True;
+        } else if (PyUnicode_CompareWithASCIIString(key, "openmp_pool") == 0) {
+            if (!PyBool_Check(v))
+                return PyErr_Format(PyExc_TypeError, "set_options: openmp_pool must be a bool, got %R", v);
+            o.openmp_pool = v == Py_True;
         } else if (PyUnicode_CompareWithASCIIString(key, "shm_spin_us") == 0) {
             if (spin_arg(v, "shm_spin_us", &o.shm_spin_us) < 0) return NULL;
         } else if (PyUnicode_CompareWithASCIIString(key, "shm_inner_spin_us") == 0) {
             if (spin_arg(v, "shm_inner_spin_us", &o.shm_inner_spin_us) < 0) return NULL;
         } else {
             return PyErr_Format(PyExc_TypeError,
-                                "set_options: unknown option %R (cast_thp, shm_spin_us, shm_inner_spin_us)", key);
+                                "set_options: unknown option %R (cast_thp, openmp_pool, shm_spin_us, shm_inner_spin_us)",
+                                key);
         }
     }
     acc_options_set(&o);
@@ -77,8 +83,13 @@ static PyObject *core_set_options(PyObject *module, PyObject *const *args, Py_ss
 static PyObject *core_get_options(PyObject *module, PyObject *unused) {
     acc_options o;
     acc_options_get(&o);
-    return Py_BuildValue("{s:O,s:l,s:l}", "cast_thp", o.cast_thp ? Py_True : Py_False, "shm_spin_us", o.shm_spin_us,
-                         "shm_inner_spin_us", o.shm_inner_spin_us);
+    return Py_BuildValue("{s:O,s:O,s:l,s:l}", "cast_thp", o.cast_thp ? Py_True : Py_False, "openmp_pool",
+                         o.openmp_pool ? Py_True : Py_False, "shm_spin_us", o.shm_spin_us, "shm_inner_spin_us",
+                         o.shm_inner_spin_us);
+}
+
+static PyObject *core_parallel_backend(PyObject *module, PyObject *unused) {
+    return PyUnicode_FromString(acc_parallel_backend() ? "openmp" : "threads");
 }
 
 static PyObject *core_simd_detected(PyObject *module, PyObject *unused) {
@@ -121,13 +132,17 @@ PyMethodDef acc_core_methods[] = {
     {"simd_level", (PyCFunction)(void (*)(void))core_simd_level, METH_FASTCALL,
      "simd_level($module, level=None, /)\n--\n\nGet (or lower) the SIMD level kernels use: scalar, avx2, avx512."},
     {"set_options", (PyCFunction)(void (*)(void))core_set_options, METH_FASTCALL | METH_KEYWORDS,
-     "set_options($module, /, *, cast_thp=False, shm_spin_us=50, shm_inner_spin_us=1000)\n--\n\n"
+     "set_options($module, /, *, cast_thp=False, openmp_pool=True, shm_spin_us=50, shm_inner_spin_us=1000)\n--\n\n"
      "Set the C core's run-time options (options not given keep their value; defaults shown):\n"
-     "cast_thp (bool): transparent huge pages for large fresh cast outputs; shm_spin_us, shm_inner_spin_us\n"
+     "cast_thp (bool): transparent huge pages for large fresh cast outputs; openmp_pool (bool): multi-threaded\n"
+     "kernels called from the main thread run on the OpenMP pool torch loaded; shm_spin_us, shm_inner_spin_us\n"
      "(int, 0 .. 10_000_000): the spin budgets of a shm wait before it sleeps, at the first arrival of a\n"
      "collective and between its phases; a shm group takes the values current when it is opened."},
     {"get_options", core_get_options, METH_NOARGS,
      "get_options($module, /)\n--\n\nThe current run-time options as a dict (see set_options)."},
+    {"parallel_backend", core_parallel_backend, METH_NOARGS,
+     "parallel_backend($module, /)\n--\n\nWhere a multi-threaded kernel called from this thread now runs its chunks:\n"
+     "'openmp' (the OpenMP pool torch loaded) or 'threads' (threads created for the call)."},
     {"simd_detected", core_simd_detected, METH_NOARGS,
      "simd_detected($module, /)\n--\n\nThe best SIMD level this CPU supports."},
     {"tensor_info", (PyCFunction)(void (*)(void))core_tensor_info, METH_FASTCALL,

@@ -117,20 +117,24 @@ def restore_options():
 
 
 def test_options_round_trip(restore_options):
-    assert set(restore_options) == {"cast_thp", "shm_spin_us", "shm_inner_spin_us"}
-    _C.set_options(cast_thp=True, shm_spin_us=0, shm_inner_spin_us=10_000_000)
-    assert _C.get_options() == {"cast_thp": True, "shm_spin_us": 0, "shm_inner_spin_us": 10_000_000}
+    assert set(restore_options) == {"cast_thp", "openmp_pool", "shm_spin_us", "shm_inner_spin_us"}
+    _C.set_options(cast_thp=True, openmp_pool=False, shm_spin_us=0, shm_inner_spin_us=10_000_000)
+    assert _C.get_options() == {"cast_thp": True, "openmp_pool": False, "shm_spin_us": 0,
+                                "shm_inner_spin_us": 10_000_000}
     _C.set_options(shm_spin_us=123)  # options not given keep their value
-    assert _C.get_options() == {"cast_thp": True, "shm_spin_us": 123, "shm_inner_spin_us": 10_000_000}
-    _C.set_options(cast_thp=False)
+    assert _C.get_options() == {"cast_thp": True, "openmp_pool": False, "shm_spin_us": 123,
+                                "shm_inner_spin_us": 10_000_000}
+    _C.set_options(cast_thp=False, openmp_pool=True)
     assert _C.get_options()["cast_thp"] is False
     _C.set_options()
-    assert _C.get_options() == {"cast_thp": False, "shm_spin_us": 123, "shm_inner_spin_us": 10_000_000}
+    assert _C.get_options() == {"cast_thp": False, "openmp_pool": True, "shm_spin_us": 123,
+                                "shm_inner_spin_us": 10_000_000}
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [
     ({"cast_thp": 1}, TypeError, "cast_thp must be a bool"),
     ({"cast_thp": "1"}, TypeError, "cast_thp must be a bool"),
+    ({"openmp_pool": 0}, TypeError, "openmp_pool must be a bool"),
     ({"shm_spin_us": "50"}, TypeError, "shm_spin_us must be an int"),
     ({"shm_spin_us": 5.0}, TypeError, "shm_spin_us must be an int"),
     ({"shm_spin_us": True}, TypeError, "shm_spin_us must be an int"),
@@ -175,8 +179,8 @@ def test_shm_group_takes_the_spin_values_current_when_it_opens(restore_options):
 
 def _fresh_options(env_update: dict) -> str:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("ACCELERATE_C_SIMD", "ACCELERATE_C_CAST_THP", "ACCELERATE_C_SHM_SPIN_US",
-                        "ACCELERATE_C_SHM_INNER_SPIN_US")}
+           if k not in ("ACCELERATE_C_SIMD", "ACCELERATE_C_CAST_THP", "ACCELERATE_C_OPENMP_POOL",
+                        "ACCELERATE_C_SHM_SPIN_US", "ACCELERATE_C_SHM_INNER_SPIN_US")}
     env.update(env_update, PYTHONPATH=ROOT)
     code = "from accelerate_c import _C; print(_C.get_options(), _C.simd_level())"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
@@ -187,17 +191,19 @@ def test_options_defaults_and_environment_at_load():
     """The values the C code used to read with getenv, validated by accelerate_c.base.settings and passed in
     once, when _C loads; SIMD only lowers."""
     best = _C.simd_detected()
-    assert _fresh_options({}) == f"{{'cast_thp': False, 'shm_spin_us': 50, 'shm_inner_spin_us': 1000}} {best}"
-    got = _fresh_options({"ACCELERATE_C_SIMD": "scalar", "ACCELERATE_C_CAST_THP": "1",
+    default = "{'cast_thp': False, 'openmp_pool': True, 'shm_spin_us': 50, 'shm_inner_spin_us': 1000}"
+    assert _fresh_options({}) == f"{default} {best}"
+    got = _fresh_options({"ACCELERATE_C_SIMD": "scalar", "ACCELERATE_C_CAST_THP": "1", "ACCELERATE_C_OPENMP_POOL": "0",
                           "ACCELERATE_C_SHM_SPIN_US": " 77", "ACCELERATE_C_SHM_INNER_SPIN_US": "0"})
-    assert got == "{'cast_thp': True, 'shm_spin_us': 77, 'shm_inner_spin_us': 0} scalar"
+    assert got == "{'cast_thp': True, 'openmp_pool': False, 'shm_spin_us': 77, 'shm_inner_spin_us': 0} scalar"
     got = _fresh_options({"ACCELERATE_C_SIMD": "avx512", "ACCELERATE_C_CAST_THP": "0"})
-    assert got == f"{{'cast_thp': False, 'shm_spin_us': 50, 'shm_inner_spin_us': 1000}} {best}"
+    assert got == f"{default} {best}"
     if best != "scalar":
         assert _fresh_options({"ACCELERATE_C_SIMD": "avx2"}).endswith(" avx2")
 
 
 @pytest.mark.parametrize("var,value", [("ACCELERATE_C_SIMD", "sse"), ("ACCELERATE_C_CAST_THP", "1yes"),
+                                       ("ACCELERATE_C_OPENMP_POOL", "omp"),
                                        ("ACCELERATE_C_SHM_SPIN_US", "many"), ("ACCELERATE_C_SHM_INNER_SPIN_US", "-4")])
 def test_bad_native_option_is_a_named_error_at_load(var, value):
     """The C code ignored these (or read them as atol does); they are now errors naming the variable."""

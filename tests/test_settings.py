@@ -207,13 +207,14 @@ def test_get_reads_the_environment_now(monkeypatch):
 
 
 def test_native_options():
-    assert settings.native_options({}) == {"simd": None, "cast_thp": False, "shm_spin_us": 50,
+    assert settings.native_options({}) == {"simd": None, "cast_thp": False, "openmp_pool": True, "shm_spin_us": 50,
                                            "shm_inner_spin_us": 1000}
-    env = {settings.var("SIMD"): "AVX2", settings.var("CAST_THP"): "1", settings.var("SHM_SPIN_US"): "0",
-           settings.var("SHM_INNER_SPIN_US"): "10000000"}
-    assert settings.native_options(env) == {"simd": "avx2", "cast_thp": True, "shm_spin_us": 0,
+    env = {settings.var("SIMD"): "AVX2", settings.var("CAST_THP"): "1", settings.var("OPENMP_POOL"): "0",
+           settings.var("SHM_SPIN_US"): "0", settings.var("SHM_INNER_SPIN_US"): "10000000"}
+    assert settings.native_options(env) == {"simd": "avx2", "cast_thp": True, "openmp_pool": False, "shm_spin_us": 0,
                                             "shm_inner_spin_us": 10_000_000}
-    for key, raw in (("SIMD", "sse4"), ("CAST_THP", "2"), ("SHM_SPIN_US", "10000001"), ("SHM_INNER_SPIN_US", "x")):
+    for key, raw in (("SIMD", "sse4"), ("CAST_THP", "2"), ("OPENMP_POOL", "pool"), ("SHM_SPIN_US", "10000001"),
+                     ("SHM_INNER_SPIN_US", "x")):
         with pytest.raises(SettingError, match=f"{settings.var(key)}={raw!r}"):
             settings.native_options({settings.var(key): raw})
 

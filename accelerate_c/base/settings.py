@@ -204,6 +204,10 @@ TABLE: tuple[Setting, ...] = (
        choices=("scalar", "avx2", "avx512")),
     _S("CAST_THP", "bool", False, "ask for transparent huge pages (madvise) for large cast outputs",
        "the C extension (native_options: _C.set_options)", "native"),
+    _S("OPENMP_POOL", "bool", True, "run the multi-threaded C kernels (optimizer steps, casts, packs) called from "
+       "the main thread on the OpenMP thread pool torch loaded, instead of threads created per call (which share the "
+       "cores with the pool's threads while those spin after a torch op)",
+       "the C extension (native_options: _C.set_options)", "native"),
     _S("SHM_SPIN_US", "int", 50, "microseconds a shared-memory wait spins before it sleeps",
        "the C extension (native_options: _C.set_options)", "native", low=0, high=SPIN_MAX_US),
     _S("SHM_INNER_SPIN_US", "int", 1000, "microseconds a wait spins between the phases of one collective (the "
@@ -277,9 +281,9 @@ def check(env: Optional[Mapping[str, str]] = None, scopes: tuple[str, ...] = ("r
 
 def native_options(env: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
     """The C extension's options, validated: simd (None: the CPU's best; else a level to lower to, for
-    _C.simd_level) and cast_thp, shm_spin_us, shm_inner_spin_us (for _C.set_options)."""
-    return {"simd": get("SIMD", env), "cast_thp": get("CAST_THP", env), "shm_spin_us": get("SHM_SPIN_US", env),
-            "shm_inner_spin_us": get("SHM_INNER_SPIN_US", env)}
+    _C.simd_level) and cast_thp, openmp_pool, shm_spin_us, shm_inner_spin_us (for _C.set_options)."""
+    return {"simd": get("SIMD", env), "cast_thp": get("CAST_THP", env), "openmp_pool": get("OPENMP_POOL", env),
+            "shm_spin_us": get("SHM_SPIN_US", env), "shm_inner_spin_us": get("SHM_INNER_SPIN_US", env)}
 
 
 def apply_native_options(C: Any) -> None:
