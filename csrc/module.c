@@ -192,6 +192,7 @@ static int acc_exec(PyObject *m) {
     Py_DECREF(bucket_type);
     if (rc < 0) return -1;
     if (PyModule_AddIntConstant(m, "LIMITED_API", Py_LIMITED_API) < 0) return -1;
+    acc_parallel_init();
     return apply_env_options(m);
 }
 

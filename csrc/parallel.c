@@ -3,6 +3,7 @@
  * (each caller's min_per_thread) or anything that waits on other processes. */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -30,35 +31,45 @@ static void *run_job(void *arg) {
  * threads of our own started right after a torch op share the cores with spinning ones (2 cores: a 128 MB pack ran
  * 1.6x slower on 2 threads than torch's copies, as fast with OMP_WAIT_POLICY=PASSIVE); the pool also saves the
  * thread creation (~30-50 us a call). Only the main thread uses it (libgomp keeps one pool per thread that starts
- * regions: a helper thread of ours would create a second, spinning pool), never in a forked child (its pool is not
- * inherited) nor inside an OpenMP region. */
+ * regions: a helper thread of ours would create a second, spinning pool), never inside an OpenMP region, and never
+ * in a process forked after _C loaded (acc_parallel_init records the loading process: a forked child inherits
+ * libgomp's pool without its threads, and a region there may wait for them forever, as torch's own ops do in such a
+ * child unless it sets one thread, which makes our calls single-threaded too). */
 typedef struct {
     void (*parallel)(void (*)(void *), void *, unsigned, unsigned);
     int (*thread_num)(void), (*num_threads)(void), (*in_parallel)(void);
-    pid_t pid; /* the process that found them */
 } gomp_api;
 static gomp_api gomp;
-static pthread_once_t gomp_once = PTHREAD_ONCE_INIT;
+static atomic_int gomp_found; /* 1 once `gomp` is filled (a call before torch loaded libgomp finds nothing: retried) */
+static pid_t load_pid;        /* the process _C loaded in (acc_parallel_init) */
+static pthread_mutex_t gomp_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void gomp_find(void) {
+static int gomp_find(void) {
+    if (atomic_load_explicit(&gomp_found, memory_order_acquire)) return 1;
+    pthread_mutex_lock(&gomp_lock);
     void *h = dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (!h) return;
-    gomp_api g;
-    *(void **)&g.parallel = dlsym(h, "GOMP_parallel");
-    *(void **)&g.thread_num = dlsym(h, "omp_get_thread_num");
-    *(void **)&g.num_threads = dlsym(h, "omp_get_num_threads");
-    *(void **)&g.in_parallel = dlsym(h, "omp_in_parallel");
-    if (!g.parallel || !g.thread_num || !g.num_threads || !g.in_parallel) return; /* h stays open: harmless */
-    g.pid = getpid();
-    gomp = g;
+    if (h && !atomic_load_explicit(&gomp_found, memory_order_relaxed)) {
+        gomp_api g;
+        *(void **)&g.parallel = dlsym(h, "GOMP_parallel");
+        *(void **)&g.thread_num = dlsym(h, "omp_get_thread_num");
+        *(void **)&g.num_threads = dlsym(h, "omp_get_num_threads");
+        *(void **)&g.in_parallel = dlsym(h, "omp_in_parallel");
+        if (g.parallel && g.thread_num && g.num_threads && g.in_parallel) { /* h stays open: it was loaded anyway */
+            gomp = g;
+            atomic_store_explicit(&gomp_found, 1, memory_order_release);
+        }
+    }
+    pthread_mutex_unlock(&gomp_lock);
+    return atomic_load_explicit(&gomp_found, memory_order_acquire);
 }
 
 static int gomp_usable(void) {
     if (!acc_options_openmp_pool()) return 0;
-    pthread_once(&gomp_once, gomp_find);
     pid_t pid = getpid();
-    return gomp.parallel && gomp.pid == pid && (pid_t)syscall(SYS_gettid) == pid && !gomp.in_parallel();
+    return pid == load_pid && (pid_t)syscall(SYS_gettid) == pid && gomp_find() && !gomp.in_parallel();
 }
+
+void acc_parallel_init(void) { load_pid = getpid(); }
 
 int acc_parallel_backend(void) { return gomp_usable(); }
 

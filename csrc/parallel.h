@@ -18,6 +18,10 @@ typedef int (*acc_range_fn)(void *ctx, size_t begin, size_t end, int chunk);
  * also the number of distinct `chunk` indices passed to fn (0 .. chunks-1). */
 int acc_parallel_for(size_t n, int nthreads, size_t min_per_thread, acc_range_fn fn, void *ctx, int *chunks_out);
 
+/* Records this process as the one that may use the OpenMP runtime torch loaded (parallel.c); the module calls it as
+ * it loads, so that a process forked later never does. */
+void acc_parallel_init(void);
+
 /* 1 when a call from this thread now would run on the OpenMP pool, 0 when on threads of its own (tests, reports) */
 int acc_parallel_backend(void);
 

@@ -3,8 +3,10 @@
 # from every kernel family either way. Writes JSON to argv[1].
 import json
 import os
+import signal
 import sys
 import threading
+import time
 
 import torch
 
@@ -40,12 +42,22 @@ def main() -> None:
     t.start()
     t.join(60)
     out["helper_thread"] = seen[0] if seen else None
+    torch.randn(1 << 22).sum()  # torch's pool has run a region: a child forked now inherits it without its threads
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:
+    if pid == 0:  # its multi-threaded kernels must run (on threads of their own) rather than wait for them
+        src = torch.randn(1 << 23)
+        _C.cast(src, torch.empty(src.numel(), dtype=torch.bfloat16), None, None, 2)
         os.write(w, _C.parallel_backend().encode())
         os._exit(0)
-    os.waitpid(pid, 0)
+    deadline = time.monotonic() + 60
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.write(w, b"hung")
+            break
+        time.sleep(0.05)
     out["forked_child"] = os.read(r, 64).decode()
     pool = kernels(3)
     _C.set_options(openmp_pool=False)
