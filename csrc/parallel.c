@@ -40,15 +40,18 @@ typedef struct {
     int (*thread_num)(void), (*num_threads)(void), (*in_parallel)(void);
 } gomp_api;
 static gomp_api gomp;
-static atomic_int gomp_found; /* 1 once `gomp` is filled (a call before torch loaded libgomp finds nothing: retried) */
+static atomic_int gomp_found; /* 1: `gomp` is filled; -1: a libgomp.so.1 without these entry points (never again);
+                               * 0: not found yet (a call before torch loaded libgomp finds nothing: retried) */
 static pid_t load_pid;        /* the process _C loaded in (acc_parallel_init) */
 static pthread_mutex_t gomp_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int gomp_find(void) {
-    if (atomic_load_explicit(&gomp_found, memory_order_acquire)) return 1;
+    int state = atomic_load_explicit(&gomp_found, memory_order_acquire);
+    if (state) return state > 0;
     pthread_mutex_lock(&gomp_lock);
-    void *h = dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (h && !atomic_load_explicit(&gomp_found, memory_order_relaxed)) {
+    void *h = atomic_load_explicit(&gomp_found, memory_order_relaxed) ? NULL
+                                                                       : dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (h) {
         gomp_api g;
         *(void **)&g.parallel = dlsym(h, "GOMP_parallel");
         *(void **)&g.thread_num = dlsym(h, "omp_get_thread_num");
@@ -57,10 +60,13 @@ static int gomp_find(void) {
         if (g.parallel && g.thread_num && g.num_threads && g.in_parallel) { /* h stays open: it was loaded anyway */
             gomp = g;
             atomic_store_explicit(&gomp_found, 1, memory_order_release);
+        } else {
+            dlclose(h);
+            atomic_store_explicit(&gomp_found, -1, memory_order_release);
         }
     }
     pthread_mutex_unlock(&gomp_lock);
-    return atomic_load_explicit(&gomp_found, memory_order_acquire);
+    return atomic_load_explicit(&gomp_found, memory_order_acquire) > 0;
 }
 
 static int gomp_usable(void) {
