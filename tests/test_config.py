@@ -196,6 +196,7 @@ def test_env_command(tmp_path):
 
     assert f"PyTorch version: {torch.__version__}" in res.stdout
     assert "CPU SIMD detected" in res.stdout and "mixed_precision: bf16" in res.stdout
+    assert "C kernels' threads: openmp (from the main thread" in res.stdout  # torch's libgomp found by _C
 
 
 def test_every_field_is_described():

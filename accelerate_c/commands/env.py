@@ -35,8 +35,9 @@ def collect(config_file: str | None = None) -> dict[str, Any]:
         from accelerate_c import _C  # type: ignore[attr-defined]
 
         simd = str(_C.simd_detected())
+        threads = f"{_C.parallel_backend()} (from the main thread; ACCELERATE_C_OPENMP_POOL)"
     except Exception as exc:  # noqa: BLE001 - the report must still print without the extension
-        simd = f"unavailable ({type(exc).__name__}: {exc})"
+        simd = threads = f"unavailable ({type(exc).__name__}: {exc})"
     try:
         from importlib.metadata import version
 
@@ -49,6 +50,7 @@ def collect(config_file: str | None = None) -> dict[str, Any]:
         "Python version": sys.version.split()[0],
         "PyTorch version": torch.__version__,
         "CPU SIMD detected": simd,
+        "C kernels' threads": threads,
         "CPU cores (usable)": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "System RAM": _memory_gib(),
         "`import accelerate` resolves to accelerate_c": describe_switch(),
