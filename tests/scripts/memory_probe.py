@@ -80,7 +80,7 @@ else:
     opt.step()
     opt.zero_grad()
     gshard_rss.append(range_rss(ptr, nbytes))
-    res.update(gshard_rss=gshard_rss, gshard_bytes=e.gshard.numel() * e.gshard.element_size())
+    res.update(gshard_rss=gshard_rss, gshard_bytes=nbytes)
     res.update(staging=sum(s.numel() * s.element_size() for s in e.staging),
                biggest=max(u.padded for u in e.units) * 4)
 with open(os.path.join(out, f"rank{acc.process_index}.json"), "w") as f:

@@ -1,6 +1,8 @@
 # tests/scripts/memory_probe_util.py: the resident bytes of the mappings holding given addresses, and the mapping
-# holding one address with its VmFlags (/proc/self/smaps), for tests/scripts/memory_probe.py and tests/test_memory.py.
+# holding one address with its VmFlags (/proc/self/smaps), and the resident bytes of an address range
+# (/proc/self/pagemap), for tests/scripts/memory_probe.py and tests/test_memory.py.
 # Not for: anything else.
+import os
 
 
 def mapping_rss(ptrs: list[int]) -> int:
@@ -35,7 +37,7 @@ def range_rss(ptr: int, nbytes: int) -> int:
     """Resident bytes of [ptr, ptr + nbytes) itself, page by page (/proc/self/pagemap's present bit): unlike
     mapping_rss, not swelled by a neighbouring mapping the kernel merged into the same VMA (two anonymous mappings
     with the same flags, e.g. the gradient shard's and the optimizer state's huge-page mappings)."""
-    page = 4096
+    page = os.sysconf("SC_PAGE_SIZE")  # pagemap has one entry per base page
     first, last = ptr // page, (ptr + nbytes - 1) // page
     with open("/proc/self/pagemap", "rb") as f:
         f.seek(first * 8)
