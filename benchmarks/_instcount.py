@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -42,6 +43,8 @@ def trace_regions(argv: list[str], n_regions: int, timeout: float = 300.0) -> li
     deadline = time.monotonic() + timeout
     counts: list[int] = []
     try:
+        if not select.select([proc.stdout], [], [], timeout)[0]:
+            raise TraceError(f"worker did not start within {timeout:.0f} s")
         if proc.stdout.readline().strip() != b"ready":
             raise TraceError(f"worker did not start: {proc.communicate(timeout=30)[1].decode()[-2000:]}")
         if libc.ptrace(PTRACE_SEIZE, proc.pid, None, None) != 0:
