@@ -239,27 +239,32 @@ def test_cuda_and_cpu_steps_refuse_the_same_arguments_alike(layout, amsgrad, off
 
 
 @needs_ext
-def test_emulated_adam_device_mode_graph_inputs():
-    """Device mode (CUDA graphs): steps, lr read from 'device' memory and advanced there, found_inf skipping; many
-    tensors (more than one launch holds)."""
-    sizes = [5 + 3 * i for i in range(40)]
-    params, states, _, g = _adam_case("float32", torch.float32, False, None, sizes=sizes)
+@pytest.mark.parametrize("layout", ["float32", "bfloat16", "8bit"])
+def test_emulated_adam_device_mode_graph_inputs(layout):
+    """Device mode (CUDA graphs): steps, lr read from 'device' memory and advanced there (the scalars derived on the
+    device, the low-precision states' folded ones included), found_inf skipping; many tensors (more than one launch
+    holds)."""
+    sizes = [5 + 3 * i for i in range(40)] + ([300, 600] if layout != "float32" else [])
+    params, states, _, g = _adam_case(layout, torch.float32, False, None, sizes=sizes)
     p2, s2 = _clone(params), [{k: v.clone() for k, v in s.items()} for s in states]
     cfg = dict(lr=2e-3, wd=0.01, decoupled=True, maximize=False, scale=1.0)
     lr_dev = torch.tensor([2e-3], dtype=torch.float32)
     for it in range(3):
         grads = [torch.randn(p.numel(), generator=g) for p in params]
-        head, _ = _adam_args(params, states, None, grads, "float32", False, dict(cfg, lr=float(lr_dev)))
-        _C.adam_step(*head, 1, True, None)
-        head, _ = _adam_args(p2, s2, None, grads, "float32", False, cfg)
+        head, low = _adam_args(params, states, None, grads, layout, False, dict(cfg, lr=float(lr_dev)))
+        _C.adam_step(*head, 1, True, None, *low)
+        head, low = _adam_args(p2, s2, None, grads, layout, False, cfg)
         head = head[:7] + (lr_dev,) + head[8:]
-        CU.emulate_adam_step(*head, None, True, None, None, None, None, torch.zeros(1), True)
+        CU.emulate_adam_step(*head, None, True, *(low or (None, None, None, None)), torch.zeros(1), True)
     for i in range(len(params)):
         _same(params[i], p2[i], f"param {i}")
+        for k in states[i]:
+            _same(states[i][k], s2[i][k], f"state[{k!r}] {i}")
         assert float(s2[i]["step"]) == 3.0
     before = _clone(p2)
-    head, _ = _adam_args(p2, s2, None, grads, "float32", False, cfg)
-    CU.emulate_adam_step(*head[:7], lr_dev, *head[8:], None, True, None, None, None, None, torch.ones(1), True)
+    head, low = _adam_args(p2, s2, None, grads, layout, False, cfg)
+    CU.emulate_adam_step(*head[:7], lr_dev, *head[8:], None, True, *(low or (None, None, None, None)), torch.ones(1),
+                         True)
     for i in range(len(p2)):
         _same(before[i], p2[i], f"param {i} after a skipped step")
         assert float(s2[i]["step"]) == 3.0

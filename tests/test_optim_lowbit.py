@@ -6,6 +6,7 @@
 # quantisation error pinned below bitsandbytes' published figures, and a short convergence check.
 # Not for: timing (benchmarks/optimizer.py) or the 300-step convergence run (benchmarks/convergence.py).
 import copy
+import math
 import os
 import sys
 
@@ -117,10 +118,33 @@ def ref_bf16_sr(x, rnd):
 
 
 def fp32_step(p, g, m, v, step, **kw):
-    """The fp32 kernel (checked against torch.optim.AdamW by test_optim.py) on copies: the update's reference."""
-    p, m, v = p.clone(), m.clone(), v.clone()
-    aopt.adamw_flat_(p, g, m, v, step, **kw)
+    """The low-precision kernels' update, the reference: the moments from the fp32 kernel (checked against
+    torch.optim.AdamW by test_optim.py; the same operations) on copies, and the param step written plainly in torch
+    float32 ops in the folded form those kernels use (adam_math.h fold_bc2): sqrt(bc2) moved into eps and the step
+    size in double, rounded once, so (-lr/bc1*sqrt(bc2) * m) / (sqrt(v) + eps*sqrt(bc2)) after the decay."""
+    p0, m, v = p.clone(), m.clone(), v.clone()
+    aopt.adamw_flat_(p0, g, m, v, step, **kw)
+    lr, (b1, b2), eps, wd = kw["lr"], kw["betas"], kw["eps"], kw["weight_decay"]
+    bc1, bc2s = 1.0 - math.pow(b1, step), math.pow(1.0 - math.pow(b2, step), 0.5)
+    f32 = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
+    nss, eps_f, decay = f32(-(lr / bc1 * bc2s)), f32(eps * bc2s), f32(1.0 - lr * wd)
+    # sqrt in double, rounded once: IEEE's correctly rounded float sqrt (torch's float sqrt is off by an ulp here)
+    p = p * decay + (nss * m) / (torch.sqrt(v.double()).float() + eps_f)
     return p, m, v
+
+
+def test_folded_reference_is_the_fp32_update_within_rounding():
+    """The folded form is the fp32 kernel's update (torch's order) up to float rounding: a few ulps of the step,
+    and one of the param where the final add rounds the other way."""
+    g = torch.Generator().manual_seed(9)
+    p, grad = torch.randn(4096, generator=g), torch.randn(4096, generator=g) * 1e-2
+    m, v = torch.randn(4096, generator=g) * 1e-2, torch.rand(4096, generator=g) * 1e-4
+    for s in (1, 3, 50):
+        ref = p.clone()
+        aopt.adamw_flat_(ref, grad, m.clone(), v.clone(), s, **KW)
+        folded = fp32_step(p, grad, m, v, s, **KW)[0]
+        step = (ref - p * (1.0 - KW["lr"] * KW["weight_decay"])).abs()
+        assert ((folded - ref).abs() <= step * 1e-6 + 2 ** -23 * ref.abs()).all(), s
 
 
 KW = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.05)

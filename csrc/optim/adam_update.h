@@ -43,12 +43,23 @@
 /* The param step from the new m and the second moment vu the update uses (v, or amsgrad's max of the two). */
 #define ADAM_PARAM(p, m, vu) (p = VADD(p, VDIV(VMUL(nss, m), VADD(VDIV(VSQRT(vu), bc2s), eps))))
 
-/* Both, without amsgrad: ADAM_UPDATE(ADAM_FLAGS(common), g, p, m, v) */
+/* The same step for scalars made with fold_bc2 (adam_math.h: bc2_sqrt is 1, folded into eps and the step size):
+ * x / 1 == x, so dropping that division keeps acc_adam_update1's bits. The low-precision-state bodies' form. */
+#define ADAM_PARAM_FOLDED(p, m, vu) (p = VADD(p, VDIV(VMUL(nss, m), VADD(VSQRT(vu), eps))))
+
+/* Both, without amsgrad: ADAM_UPDATE(ADAM_FLAGS(common), g, p, m, v); ADAM_UPDATE_FOLDED the same with
+ * ADAM_PARAM_FOLDED */
 #define ADAM_UPDATE(...) ADAM_UPDATE_(__VA_ARGS__)
 #define ADAM_UPDATE_(sc, mx, wdm, fe, g, p, m, v)                                                                   \
     do {                                                                                                            \
         ADAM_MOMENTS_(sc, mx, wdm, fe, g, p, m, v);                                                                 \
         ADAM_PARAM(p, m, v);                                                                                        \
+    } while (0)
+#define ADAM_UPDATE_FOLDED(...) ADAM_UPDATE_FOLDED_(__VA_ARGS__)
+#define ADAM_UPDATE_FOLDED_(sc, mx, wdm, fe, g, p, m, v)                                                            \
+    do {                                                                                                            \
+        ADAM_MOMENTS_(sc, mx, wdm, fe, g, p, m, v);                                                                 \
+        ADAM_PARAM_FOLDED(p, m, v);                                                                                 \
     } while (0)
 
 #endif
