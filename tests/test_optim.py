@@ -87,6 +87,24 @@ def test_adam_matches_torch(name, amsgrad, maximize):
     assert_state_close(ours, ref, pa, pb)
 
 
+def test_adamw_late_steps_match_torch():
+    """From step 16,628 (beta2 0.999) sqrt(bc2) rounds to 1.0f and the kernels' common-call loop leaves out the
+    division by it (csrc/optim/adam_update.h): still torch's update, across the step where it starts."""
+    pa, pb = make_params(), make_params()
+    grads = grads_for(pa, 4)
+    ours, ref = aopt.AdamW(pa, lr=1e-2, weight_decay=0.05), torch.optim.AdamW(pb, lr=1e-2, weight_decay=0.05,
+                                                                               foreach=False)
+    run(ours, pa, grads[:1])
+    run(ref, pb, grads[:1])
+    for o in (ours, ref):
+        for st in o.state.values():
+            st["step"].fill_(16626.0)
+    run(ours, pa, grads[1:])
+    run(ref, pb, grads[1:])
+    assert_state_close(ours, ref, pa, pb)
+    assert all(st["step"].item() == 16629.0 for st in ours.state.values())
+
+
 @pytest.mark.parametrize("maximize", [False, True])
 def test_sgd_matches_torch(maximize):
     pa, pb = make_params(), make_params()

@@ -51,7 +51,7 @@ static inline ACC_HD void adam_scalars(const adam_launch *L, const adam_item *t,
     acc_adam_config cfg = L->cfg;
     double step = (double)*t->step_dev + 1.0; /* the CPU binding's: the stored count, plus one */
     if (L->lr_dev) cfg.lr = (double)*L->lr_dev;
-    acc_adam_scalars_for(&cfg, step, t->sdt != ACC_F32, c); /* low-bit state: folded, as the CPU's */
+    acc_adam_scalars_for(&cfg, step, c);
     *seed = acc_sr_seed(step, t->salt);
 }
 
@@ -278,7 +278,7 @@ static void adam_item_of(const acc_adam_config *cfg, const acc_cuda_adam_tensor 
     t->v = x->exp_avg_sq, t->lp = x->lp_out, t->n = x->n, t->offset = x->offset, t->salt = x->salt;
     t->gdt = x->grad_dtype, t->lpdt = x->lp_dtype, t->sdt = x->state_dtype;
     if (!device_mode) {
-        acc_adam_scalars_for(cfg, x->step, x->state_dtype != ACC_F32, &t->c);
+        acc_adam_scalars_for(cfg, x->step, &t->c);
         t->seed = acc_sr_seed(x->step, x->salt);
     }
     /* vector accesses: 4 elements (fp32 and bf16 state), or 8 per lane (8-bit: two groups of 4, 8 code bytes) */

@@ -74,7 +74,7 @@ acc_status acc_adam_step(const acc_adam_config *cfg, const acc_adam_tensor *ts, 
             .max_exp_avg_sq = cfg->amsgrad ? x->max_exp_avg_sq : NULL, .grad = x->grad,
             .lp_out = x->lp_out, .mirror = x->mirror, .grad_dtype = x->grad_dtype, .lp_dtype = x->lp_dtype,
         };
-        acc_adam_scalars_for(cfg, x->step, 0, &t->c);
+        acc_adam_scalars_for(cfg, x->step, &t->c);
         ns[k] = x->n;
         lp_total += x->lp_out ? x->n : 0;
     }

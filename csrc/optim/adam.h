@@ -14,8 +14,7 @@
  * full bit equality with torch is not attainable). Two divisions and one sqrt per element: measured in-cache
  * at ~5.6 Gparam/s per core (AVX-512), far above the DRAM-bound rate, so the exactness costs nothing. 
  * The same update with exp_avg/exp_avg_sq held in bf16 or in 8-bit block-wise codes is adam_lowbit.c's
- * (acc_adam_tensor.state_dtype), with sqrt(bc2) folded into eps and the step size (adam_math.h fold_bc2: one
- * division per element fewer; equal up to float rounding, and those states round far more): acc_adam_step takes fp32-state tensors only, acc_adam_lowbit_step the others,
+ * (acc_adam_tensor.state_dtype): acc_adam_step takes fp32-state tensors only, acc_adam_lowbit_step the others,
  * and the caller splits a mixed call (bind_optim.c: acc_adam_check over all, then the low-precision tensors,
  * then the fp32 ones).
  * Not for: Python objects, the non-finite check (optim_util.h) or state allocation. */

@@ -82,7 +82,7 @@ acc_status acc_adam_lowbit_step(const acc_adam_config *cfg, const acc_adam_tenso
             .offset = x->offset, .seed = acc_sr_seed(x->step, x->salt), .grad_dtype = x->grad_dtype,
             .lp_dtype = x->lp_dtype,
         };
-        acc_adam_scalars_for(cfg, x->step, 1, &t->c); /* sqrt(bc2) folded */
+        acc_adam_scalars_for(cfg, x->step, &t->c);
         lp_total += x->lp_out ? x->n : 0;
         if (x->state_dtype == ACC_U8) {
             q8[a] = t;

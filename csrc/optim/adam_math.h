@@ -30,14 +30,8 @@ typedef struct {
 
 /* The scalars of the update that makes step `step` (>= 1). On a device (CUDA graphs: step and lr read from device
  * memory) pow is the device's, which may differ from glibc's in the last bit of a double before the rounding to
- * float: the CUDA extension computes these on the host whenever the step is known there.
- * fold_bc2 (the low-precision-state kernels): sqrt(bc2) moves into eps and the step size, in double before the
- * rounding (the Adam paper's eps-hat form: (-lr/bc1 * m) / (sqrt(v)/sqrt(bc2) + eps) equals
- * (-lr/bc1 * sqrt(bc2) * m) / (sqrt(v) + eps * sqrt(bc2))), and bc2_sqrt is 1, so the vector bodies drop that
- * division (x / 1 == x: acc_adam_update1 gives their bits) for one fewer division per element. Not for the fp32
- * state: its bits follow torch's order (adam.h). */
-static inline ACC_HD void acc_adam_scalars_for(const acc_adam_config *cfg, double step, int fold_bc2,
-                                               acc_adam_scalars *c) {
+ * float: the CUDA extension computes these on the host whenever the step is known there. */
+static inline ACC_HD void acc_adam_scalars_for(const acc_adam_config *cfg, double step, acc_adam_scalars *c) {
     /* torch computes these in Python floats (double) and hands them to float kernels */
     float w = (float)(1.0 - cfg->beta1);
     int from_end = !(fabsf(w) < 0.5f); /* ATen lerp: weight >= 0.5 uses end - (end - start) * (1 - weight) */
@@ -57,9 +51,9 @@ static inline ACC_HD void acc_adam_scalars_for(const acc_adam_config *cfg, doubl
     c->one_m_beta2 = (float)(1.0 - cfg->beta2);
     c->decay = (float)decay;
     c->wd = (float)cfg->weight_decay;
-    c->bc2_sqrt = fold_bc2 ? 1.0f : (float)bc2_sqrt;
-    c->eps = (float)(fold_bc2 ? cfg->eps * bc2_sqrt : cfg->eps);
-    c->neg_step_size = (float)(fold_bc2 ? -(step_size * bc2_sqrt) : -step_size);
+    c->bc2_sqrt = (float)bc2_sqrt;
+    c->eps = (float)cfg->eps;
+    c->neg_step_size = (float)(-step_size);
 }
 
 /* One element, in adam.h's order: g the gradient as loaded (fp32), *p the param, *m / *v the moments in fp32 (the
