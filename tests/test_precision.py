@@ -192,11 +192,14 @@ def test_bf16_and_fp8_converge_like_fp32():
 
 @pytest.mark.parametrize("native", [False, True])
 def test_bf16_on_a_cpu_without_native_bf16_warns_once(monkeypatch, native):
-    # torch emulates bf16 matmuls on CPUs without AVX512-BF16/AMX (58x slower than fp32 on an AVX2 host): a bf16
-    # run there is told once, naming the capability; a CPU with them (or fp16, or "no") is not
+    # torch's bf16 matmuls on CPUs without AVX512-BF16/AMX are tens of times slower than fp32: with
+    # ACCELERATE_C_CPU_BF16_MATMUL=torch (torch's kernels kept) a bf16 run there is told once, naming the capability;
+    # a CPU with them (or fp16, or "no") is not. By default there is nothing to tell: precision/cpu_bf16.py's kernels
+    # run instead (test_cpu_bf16.py)
     import warnings
 
     from accelerate_c.precision import policy
+    monkeypatch.setenv("ACCELERATE_C_CPU_BF16_MATMUL", "torch")
     monkeypatch.setattr(policy, "cpu_has_native_bf16", lambda: native)
     monkeypatch.setattr(policy, "_warned_slow_bf16", False)
     with warnings.catch_warnings(record=True) as got:

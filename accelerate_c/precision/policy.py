@@ -4,7 +4,8 @@
 # The optimizer step itself belongs to the strategy (strategies/base.py: Strategy.step); a precision only
 # answers its hooks: kernel_scale (how the fused kernels must treat the gradients), after_kernel_step and
 # torch_step (the optimizer's own step, wrapped in GradScaler's under fp16). bf16 on a CPU without native bf16
-# matmuls warns once per process (warn_slow_cpu_bf16).
+# matmuls installs cpu_bf16's kernels (fp32 speed, bf16 rounding), or warns once per process where the setting
+# keeps torch's (warn_slow_cpu_bf16).
 # Not for: fp8 module swapping internals (fp8.py) or the fused kernels (ops.py, optim/).
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 from ..base.dtypes import LOW_PRECISION
+from . import cpu_bf16
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,8 @@ class BF16Precision(Precision):
 
     def __init__(self, device: torch.device, handlers: dict[str, Any], fused_kernels: bool = True) -> None:
         super().__init__(device, handlers, fused_kernels)
+        if device.type == "cpu" and not cpu_has_native_bf16() and cpu_bf16.install():
+            return  # bf16 autocast at fp32 matmul speed (cpu_bf16.py): nothing to warn about
         warn_slow_cpu_bf16(device)
 
 
