@@ -81,6 +81,17 @@ def test_saved_tensors_are_the_bf16_inputs(monkeypatch):
         assert torch.equal(a, c)
 
 
+def test_inputs_autocast_leaves_alone_keep_their_dtype():
+    """autocast casts only floating tensors that are not float64: integer and float64 ops keep their dtype"""
+    cpu_bf16.install()
+    a, b = torch.arange(6).reshape(2, 3), torch.arange(6).reshape(3, 2)
+    d, e = a.double(), b.double()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ints, doubles = torch.mm(a, b), torch.matmul(d, e)
+    assert ints.dtype == torch.int64 and doubles.dtype == torch.float64
+    assert torch.equal(ints, a @ b) and torch.equal(doubles, d @ e)
+
+
 def test_torch_compile_traces_the_kernels():
     cpu_bf16.install()
     torch.manual_seed(0)

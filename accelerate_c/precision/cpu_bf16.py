@@ -47,11 +47,13 @@ class _Rounded:
 
     def __init__(self, track: bool) -> None:
         self.track = track
+        self.any = False  # whether an input was rounded (else autocast leaves the op, and its output, alone)
         self.low: dict = {}  # data_ptr of a widened input -> (its bf16 tensor, itself)
 
     def round(self, x: Any) -> Any:
         if not _eligible(x):
             return x
+        self.any = True
         low = x if x.dtype == _BF16 else x.to(_BF16)
         wide = low.to(_F32)
         if self.track:
@@ -93,7 +95,7 @@ def _kernel(overload: Callable) -> Callable:
                     r.low.clear()  # the graph keeps the hooks (so r) alive: not the fp32 inputs
             else:
                 out = overload(*args, **kwargs)
-            return out.to(_BF16)
+            return out.to(_BF16) if r.any and out.is_floating_point() else out
     return run
 
 
