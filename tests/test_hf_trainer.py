@@ -1,8 +1,9 @@
 # tests/test_hf_trainer.py: transformers' Trainer on accelerate_c through the switch, against the same script under HF
 # Accelerate 1.15 (examples/hf_trainer.py: a Llama from a config, gradient accumulation, evaluation, save_steps). One
-# process in bf16: per-step losses within bf16 tolerance of HF's, and resume_from_checkpoint from the step-3 checkpoint
-# repeats steps 4-6 exactly. Two processes in fp32 (ours: `launch --as_accelerate`; HF: torchrun, its DDP; losses
-# equal HF's, <= 1e-5; tests/scripts/hf_stack_modes.py): the Trainer with accumulation and evaluation, a PEFT LoRA
+# process in bf16 (ours on its default kernels): per-step losses within bf16 tolerance of HF's, and
+# resume_from_checkpoint from the step-3 checkpoint repeats steps 4-6 exactly. Two processes (ours: `launch
+# --as_accelerate`, on torch's bf16 kernels where a mode trains in bf16, as TRL's SFT does by default; HF: torchrun,
+# its DDP; losses equal HF's, <= 1e-5; tests/scripts/hf_stack_modes.py): the Trainer with accumulation and evaluation, a PEFT LoRA
 # adapter through the Trainer and TRL's SFTTrainer in one launch (the LoRA checkpoint holds the adapter only), and the
 # Trainer with fsdp="full_shard" + fsdp_config on our sharded engine (HF runs it as DDP on CPU), whose step-2 checkpoint
 # (save_fsdp_model / save_fsdp_optimizer) resumes exactly; and the Trainer with torch_compile=True (backend aot_eager:
@@ -52,8 +53,12 @@ def _two(tmp_path, modes: str) -> tuple:
     hf_dir, ours_dir = tmp_path / "hf", tmp_path / "ours"
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
           MODES, modes, hf_dir], tmp_path, "hf", ACCELERATE_USE_CPU="1")
+    # TRL's SFTConfig trains in bf16 by default: our side keeps torch's bf16 kernels so that the losses compare at
+    # 1e-5 (precision/cpu_bf16.py's, the default on a CPU without native bf16, sum in another order; they meet HF's
+    # at bf16 tolerance in test_trainer_one_process_bf16_and_exact_resume)
     _run([sys.executable, "-m", "accelerate_c", "launch", "-q", "--cpu", "--as_accelerate", "--num_processes", "2",
-          "--main_process_port", "0", RUN, "--ours", MODES, modes, ours_dir], tmp_path, "ours")
+          "--main_process_port", "0", RUN, "--ours", MODES, modes, ours_dir], tmp_path, "ours",
+         ACCELERATE_C_CPU_BF16_MATMUL="torch")
     own = [m for m in modes.split(",") if m != "fsdp_resume"]  # fsdp_resume writes into fsdp/
     return {m: _losses(hf_dir / m) for m in own}, {m: _losses(ours_dir / m) for m in own}
 
