@@ -16,8 +16,8 @@
     const V gs = VSET1((c)->grad_scale), lw = VSET1((c)->lerp_coeff), b2 = VSET1((c)->beta2);                       \
     const V c2 = VSET1((c)->one_m_beta2), decay = VSET1((c)->decay), wd = VSET1((c)->wd);                           \
     const V bc2s = VSET1((c)->bc2_sqrt), eps = VSET1((c)->eps), nss = VSET1((c)->neg_step_size);                    \
-    const int scaled = (c)->scaled, maximize = (c)->maximize, wd_mode = (c)->wd_mode, from_end = (c)->lerp_from_end; \
-    const int unit_bc2 = (c)->bc2_sqrt == 1.0f /* the common loop's `common` 2 applies */
+    const int scaled = (c)->scaled, maximize = (c)->maximize, wd_mode = (c)->wd_mode;                               \
+    const int from_end = (c)->lerp_from_end, unit_bc2 = (c)->bc2_sqrt == 1.0f /* unit_bc2: `common` 2 applies */
 
 /* The common AdamW call: fp32 gradients, no scale, not maximize, decoupled decay, lerp from the start, and no
  * copies of the param (mirror, low-precision output). `extra`: a body's own condition (1 when it has none). */
@@ -43,7 +43,7 @@
 /* Gradient, decay and moments: ADAM_MOMENTS(ADAM_FLAGS(common), g, p, m, v) makes g, p, m, v (V lvalues) the
  * scaled gradient, the decayed param and the new moments. */
 #define ADAM_MOMENTS(...) ADAM_MOMENTS_(__VA_ARGS__)
-#define ADAM_MOMENTS_(sc, mx, wdm, fe, u1, g, p, m, v)                                                                  \
+#define ADAM_MOMENTS_(sc, mx, wdm, fe, u1, g, p, m, v)                                                              \
     do {                                                                                                            \
         if (sc) g = VMUL(g, gs);                                                                                    \
         if (mx) g = VNEG(g);                                                                                        \
