@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from _results import append_results  # noqa: E402
+from _results import append_results, private_tmp  # noqa: E402
 from ddp_step import free_port  # noqa: E402
 
 
@@ -131,7 +131,8 @@ def launch(impl: str, args, out: str) -> dict:
     else:
         cmd = [sys.executable, "-m", "accelerate_c", "launch", "--as_accelerate", "--num_processes", "2",
                "--main_process_port", "0", *script(out)]
-    p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    with private_tmp(env) as env:  # torchrun (HF's side, and under our launcher) leaves a torchelastic_* folder
+        p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
     if p.returncode != 0:
         raise RuntimeError(f"{impl} run failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     with open(out) as f:
