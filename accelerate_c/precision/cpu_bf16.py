@@ -48,7 +48,7 @@ class _Rounded:
     def __init__(self, track: bool) -> None:
         self.track = track
         self.any = False  # whether an input was rounded (else autocast leaves the op, and its output, alone)
-        self.low: dict = {}  # data_ptr of a widened input -> (its bf16 tensor, itself)
+        self.low: dict = {}  # storage address of a widened input -> (its bf16 tensor, itself)
 
     def round(self, x: Any) -> Any:
         if not _eligible(x):
@@ -57,17 +57,17 @@ class _Rounded:
         low = x if x.dtype == _BF16 else x.to(_BF16)
         wide = low.to(_F32)
         if self.track:
-            self.low[wide.data_ptr()] = (low, wide)
+            self.low[wide.untyped_storage().data_ptr()] = (low, wide)
         return wide
 
     def pack(self, t: torch.Tensor) -> Any:
-        if t.dtype == _F32:
-            hit = self.low.get(t.data_ptr())
-            if hit is not None and hit[1].shape == t.shape and hit[1].stride() == t.stride():
-                return (True, hit[0])  # the input itself: its bf16 twin
-            if any(w.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() for _, w in self.low.values()):
-                return (True, t.to(_BF16))  # a view of an input: bf16 values, exact
-        return (False, t)
+        hit = self.low.get(t.untyped_storage().data_ptr()) if t.dtype == _F32 else None
+        if hit is None:
+            return (False, t)
+        low, wide = hit
+        if t.shape == wide.shape and t.stride() == wide.stride() and t.storage_offset() == wide.storage_offset():
+            return (True, low)  # the input itself: its bf16 twin
+        return (True, t.to(_BF16))  # a view of an input: bf16 values, exact
 
     @staticmethod
     def unpack(packed: Any) -> torch.Tensor:
