@@ -5,7 +5,8 @@
 # (products of bf16 values are exact in fp32, and torch's bf16 CPU kernels accumulate in fp32 too) and rounds the
 # output to bf16: torch's rounding points, differing from its result only by the order of the fp32 sums (1 bf16
 # ulp in ~0.01 % of a matmul's outputs). The tensors the op saves for backward are held as bf16 (exact: they are
-# the rounded inputs), so activation memory stays autocast's. Other autocast dtypes (fp16 on a CPU) keep torch's
+# the rounded inputs), so the live activation bytes stay autocast's; the op's fp32 temporaries, once freed, can stay
+# in glibc's heap (measured in docs/differences.md). Other autocast dtypes (fp16 on a CPU) keep torch's
 # autocast rule: eligible inputs (floating, not float64) cast to that dtype. Installed once per process by
 # BF16Precision (precision/policy.py), unless ACCELERATE_C_CPU_BF16_MATMUL=torch; it then serves every CPU autocast
 # region of the process. Not for: CUDA autocast, scaled_dot_product_attention and the ops torch runs fast in bf16.
