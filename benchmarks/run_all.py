@@ -13,7 +13,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHMARKS = [["overhead.py"], ["allreduce.py"], ["everyday.py"], ["ddp_step.py"], ["optimizer.py"],
-              ["optimizer.py", "--lowbit"], ["cast.py"], ["convergence.py"], ["convergence.py", "--optim"],
+              ["optimizer.py", "--lowbit"], ["cast.py"], ["convergence.py"], ["cpu_bf16.py"], ["convergence.py", "--optim"],
               ["checkpoint.py"], ["zero_step.py"], ["zero_step.py", "--bf16"], ["pack.py"], ["sharded_init.py"],
               ["memory.py"], ["memory.py", "--nproc", "3", "--kinds", "torch_ddp,torch_fsdp2_trim,z3"], ["tp_step.py"],
               ["pp_step.py"], ["bigmodel_offload.py", "--hidden", "1536", "--layers", "12"], ["trainer_step.py"]]

@@ -1,7 +1,8 @@
 # test_cpu_bf16.py: bf16 autocast on a CPU without native bf16 matmuls through accelerate_c/precision/cpu_bf16.py:
-# every replaced op against torch's own kernels (scripts/cpu_bf16_ops.py, in a process of its own: the replacement
-# is process-wide) and against the float64 result of its bf16-rounded inputs; fp16 autocast keeps torch's rule; the
-# tensors saved for backward are the bf16 ones (no fp32 copy of an input outlives the forward); torch.compile traces
+# every replaced op (matmuls, convolutions, scaled_dot_product_attention) against torch's own kernels
+# (scripts/cpu_bf16_ops.py, in a process of its own: the replacement is process-wide) and against the float64 result
+# of its bf16-rounded inputs; fp16 autocast keeps torch's rule; the tensors saved for backward are the bf16 ones (no
+# fp32 copy of an input outlives the forward, for a linear and for attention); torch.compile traces
 # the kernels; Accelerator(mixed_precision="bf16") installs them where the CPU lacks native bf16, and the setting
 # ACCELERATE_C_CPU_BF16_MATMUL=torch keeps torch's (with its warning).
 # Not for: speed (benchmarks/trainer_step.py) or the bf16 precision policy (test_precision.py).
@@ -22,6 +23,9 @@ CONVS = ("conv1d", "conv1d_same", "conv2d", "conv2d_same", "conv3d")
 # torch's bf16 kernels round intermediate sums to bf16 here (addbmm's batch sum, transposed convolutions'): ours
 # rounds once, so it is the exactly rounded result and torch's is not
 ROUNDS_ONCE = ("addbmm", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
+# attention: torch's bf16 kernel rounds the softmax probabilities to bf16 before P @ V (not with a float mask, where
+# it computes in fp32 as ours does); ours keeps them in fp32
+ATTENTION = ("sdpa_causal", "sdpa_float_mask", "sdpa_bool_mask", "sdpa_gqa")
 
 
 def test_each_op_against_torchs_kernels_and_the_exact_result(run, tmp_path):
@@ -29,7 +33,7 @@ def test_each_op_against_torchs_kernels_and_the_exact_result(run, tmp_path):
     run("cpu_bf16_ops.py", [str(out)], timeout=240)
     r = json.loads(out.read_text())
     assert r["installed"]
-    assert set(r["ops"]) == set(MATMULS + CONVS + ROUNDS_ONCE)
+    assert set(r["ops"]) == set(MATMULS + CONVS + ROUNDS_ONCE + ATTENTION)
     for name, o in r["ops"].items():
         assert o["dtype"] == ["torch.bfloat16"] * 2 and o["shape"][0] == o["shape"][1], (name, o)
         assert o["grad_dtypes"][0] == o["grad_dtypes"][1], (name, o)
@@ -37,24 +41,33 @@ def test_each_op_against_torchs_kernels_and_the_exact_result(run, tmp_path):
         assert o["fp16_same"], (name, o)  # other autocast dtypes: torch's rule, torch's bits
         if name in MATMULS + CONVS:  # torch's result up to the order of the fp32 sums
             assert o["ulps_vs_torch"] <= 1 and o["differ_frac"] <= 0.01, (name, o)
-        else:
+        elif name in ROUNDS_ONCE:
             assert o["torch_ulps_vs_exact"] > 1, (name, o)  # why these differ from torch's: torch's are not exact
-        # gradients: the matmuls' equal torch's; convolution backward is rounded once here (torch's is ~0.3 % off)
+        elif name == "sdpa_float_mask":
+            assert o["differ_frac"] == 0, (name, o)
+        else:
+            assert o["torch_ulps_vs_exact"] > 1 and o["differ_frac"] > 0, (name, o)
+        # gradients: the matmuls' equal torch's; convolution and attention backward are rounded once here (torch's
+        # are ~0.3 % off)
         assert o["grad_rel"] <= (1e-6 if name in MATMULS else 1e-2), (name, o)
 
 
-def _linear_step(x, w, b):
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = torch.nn.functional.linear(x, w, b)
-    return y
+def _linear(x, w, b):
+    return torch.nn.functional.linear(x, w, b)
 
 
-def test_saved_tensors_are_the_bf16_inputs(monkeypatch):
+def _attention(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@pytest.mark.parametrize("op, shapes", [(_linear, ((64, 96), (48, 96), (48,))),
+                                        (_attention, ((2, 4, 32, 16),) * 3)], ids=["linear", "attention"])
+def test_saved_tensors_are_the_bf16_inputs(monkeypatch, op, shapes):
     """No fp32 copy of an input outlives the forward (autocast's activation memory), and backward gives the bits it
     gives when the fp32 copies are kept."""
     cpu_bf16.install()
     g = torch.Generator().manual_seed(1)
-    x0, w0, b0 = torch.randn(64, 96, generator=g), torch.randn(48, 96, generator=g), torch.randn(48, generator=g)
+    inputs0 = [torch.randn(*s, generator=g) for s in shapes]
     widened = []
     real_round = cpu_bf16._Rounded.round
 
@@ -69,14 +82,16 @@ def test_saved_tensors_are_the_bf16_inputs(monkeypatch):
     for track in (True, False):
         monkeypatch.setattr(cpu_bf16, "_plain", lambda t, track=track: track)
         widened.clear()
-        x, w, b = (t.clone().requires_grad_(True) for t in (x0, w0, b0))
-        y = _linear_step(x, w, b)
+        inputs = [t.clone().requires_grad_(True) for t in inputs0]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = op(*inputs)
         gc.collect()
         alive = [r for r in widened if r() is not None]
         assert len(widened) == 3 and y.dtype == torch.bfloat16
-        assert (alive == []) if track else len(alive) == 2, (track, len(alive))  # untracked: x, w saved in fp32
+        # untracked: the inputs the op saves stay alive in fp32 (linear: x and w; attention: q, k and v)
+        assert (alive == []) if track else len(alive) == (2 if op is _linear else 3), (track, len(alive))
         y.float().square().sum().backward()
-        grads.append([t.grad for t in (x, w, b)])
+        grads.append([t.grad for t in inputs])
     for a, c in zip(*grads):
         assert torch.equal(a, c)
 

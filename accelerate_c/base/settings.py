@@ -192,9 +192,10 @@ TABLE: tuple[Setting, ...] = (
        "every CPU run; off = torch's and glibc's defaults", "runtime/memory.py (tune_cpu_heap, at Accelerator())",
        choices=("auto", "on", "off")),
     _S("CPU_BF16_MATMUL", "choice", "fast", "bf16 autocast on a CPU without native bf16 matmuls (no AVX512-BF16 "
-       "or AMX), where torch's bf16 matmuls and convolutions run tens of times slower than fp32: fast = inputs "
-       "rounded to bf16, the op in fp32, the output rounded to bf16 (torch's rounding points; bf16 tensors saved for "
-       "backward); torch = torch's own kernels (with a one-time RuntimeWarning)",
+       "or AMX), where torch's bf16 matmuls and convolutions run tens of times slower than fp32 and its attention "
+       "backward several times: fast = inputs rounded to bf16, the op in fp32, the output rounded to bf16 (torch's "
+       "rounding points; bf16 tensors saved for backward); torch = torch's own kernels (with a one-time "
+       "RuntimeWarning)",
        "precision/cpu_bf16.py (install, at the first BF16Precision)", choices=("fast", "torch")),
     _S("AS_ACCELERATE", "bool", False, "every `import accelerate` (the package and its submodules) resolves to "
        "accelerate_c, for code that imports HF Accelerate itself (transformers' Trainer, PEFT, TRL); read at "

@@ -1,15 +1,18 @@
 # accelerate_c/precision/cpu_bf16.py: bf16 autocast at fp32 matmul speed on a CPU without native bf16 matmuls
 # (no AVX512-BF16 or AMX). There torch computes autocast's bf16 matmuls and convolutions by a fallback tens of times
-# slower than fp32 (a 4-layer GPT-2 training step 19x, a conv2d 60x, on an AVX2 host). `install()` replaces the
-# AutocastCPU kernels of those ops (KERNELS) with one that rounds each floating input to bf16, runs the op in fp32
-# (products of bf16 values are exact in fp32, and torch's bf16 CPU kernels accumulate in fp32 too) and rounds the
-# output to bf16: torch's rounding points, differing from its result only by the order of the fp32 sums (1 bf16
-# ulp in ~0.01 % of a matmul's outputs). The tensors the op saves for backward are held as bf16 (exact: they are
-# the rounded inputs), so the live activation bytes stay autocast's; the op's fp32 temporaries, once freed, can stay
-# in glibc's heap (measured in docs/differences.md). Other autocast dtypes (fp16 on a CPU) keep torch's
-# autocast rule: eligible inputs (floating, not float64) cast to that dtype. Installed once per process by
-# BF16Precision (precision/policy.py), unless ACCELERATE_C_CPU_BF16_MATMUL=torch; it then serves every CPU autocast
-# region of the process. Not for: CUDA autocast, scaled_dot_product_attention and the ops torch runs fast in bf16.
+# slower than fp32 (a 4-layer GPT-2 training step 19x, a conv2d 60x, on an AVX2 host), and its bf16
+# scaled_dot_product_attention backward 6-7x fp32's. `install()` replaces the AutocastCPU kernels of those ops
+# (KERNELS) with one that rounds each floating input to bf16, runs the op in fp32 (products of bf16 values are exact
+# in fp32, and torch's bf16 CPU kernels accumulate in fp32 too) and rounds the output to bf16: torch's rounding
+# points, differing from its result only by the order of the fp32 sums (1 bf16 ulp in ~0.01 % of a matmul's
+# outputs). Attention keeps its softmax probabilities in fp32 where torch's bf16 kernel rounds them to bf16 before
+# multiplying by V: ours is the correctly rounded result there, torch's is not. The tensors the op saves for
+# backward are held as bf16 where they are its inputs (exact: they are the rounded inputs; attention's output is
+# saved in fp32, as its fp32 kernel saves it), so the live activation bytes stay autocast's; the op's fp32
+# temporaries, once freed, can stay in glibc's heap (measured in docs/differences.md). Other autocast dtypes (fp16
+# on a CPU) keep torch's autocast rule: eligible inputs (floating, not float64) cast to that dtype. Installed once
+# per process by BF16Precision (precision/policy.py), unless ACCELERATE_C_CPU_BF16_MATMUL=torch; it then serves
+# every CPU autocast region of the process. Not for: CUDA autocast and the ops torch runs fast in bf16.
 from __future__ import annotations
 
 import threading
@@ -24,7 +27,8 @@ from ..base import settings
 KERNELS = (("linear", ("default",)), ("mm", ("default",)), ("addmm", ("default",)), ("bmm", ("default",)),
            ("baddbmm", ("default",)), ("addbmm", ("default",)), ("matmul", ("default",)),
            ("conv1d", ("default", "padding")), ("conv2d", ("default", "padding")), ("conv3d", ("default", "padding")),
-           ("conv_transpose1d", ("default",)), ("conv_transpose2d", ("input",)), ("conv_transpose3d", ("input",)))
+           ("conv_transpose1d", ("default",)), ("conv_transpose2d", ("input",)), ("conv_transpose3d", ("input",)),
+           ("scaled_dot_product_attention", ("default",)))
 _F32, _BF16 = torch.float32, torch.bfloat16
 _AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 _lock = threading.Lock()

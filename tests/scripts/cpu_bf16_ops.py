@@ -17,6 +17,8 @@ def t(*shape):
 
 
 F = torch.nn.functional
+BOOL_MASK = torch.rand(20, 20, generator=g) > 0.3
+BOOL_MASK[:, 0] = True  # every query sees a key
 CASES = {
     "linear": (F.linear, lambda: (t(6, 40), t(24, 40), t(24))),
     "linear_nobias": (F.linear, lambda: (t(2, 3, 40), t(24, 40))),
@@ -36,6 +38,15 @@ CASES = {
     "conv_transpose2d": (lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2), lambda: (t(1, 4, 5, 5), t(4, 2, 3, 3),
                                                                                           t(2))),
     "conv_transpose3d": (F.conv_transpose3d, lambda: (t(1, 2, 3, 3, 3), t(2, 2, 2, 2, 2))),
+    # attention: causal, an additive float mask (autocast rounds it too), a boolean mask, grouped KV heads
+    "sdpa_causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                    lambda: (t(2, 3, 24, 16), t(2, 3, 24, 16), t(2, 3, 24, 16))),
+    "sdpa_float_mask": (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3),
+                        lambda: (t(2, 3, 20, 8), t(2, 3, 28, 8), t(2, 3, 28, 8), t(20, 28))),
+    "sdpa_bool_mask": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=BOOL_MASK),
+                       lambda: (t(1, 2, 20, 8), t(1, 2, 20, 8), t(1, 2, 20, 8))),
+    "sdpa_gqa": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                 lambda: (t(2, 4, 16, 8), t(2, 2, 16, 8), t(2, 2, 16, 8))),
 }
 
 
