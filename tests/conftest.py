@@ -34,9 +34,9 @@ def free_port() -> int:
 
 
 # One scratch folder per pytest process: `cfg` stays empty (the config/HF_HOME folder of every launched command) and
-# `tmp` is their TMPDIR (torch's elastic launcher makes a torchelastic_* folder per run and leaves it). Made at the
-# first clean_env() (scripts that import test modules, some of them killed mid-save, make none); removed when the
-# session ends (pytest_unconfigure, in every xdist worker too) or at the latest at exit.
+# `tmp` is their TMPDIR (torch's elastic launcher makes a torchelastic_* folder per run and leaves it), `inductor`
+# torch.compile's cache. Made at pytest_configure (scripts that import test modules, some of them killed mid-save,
+# make none); removed when the session ends (pytest_unconfigure, in every xdist worker too) or at the latest at exit.
 _SCRATCH: "str | None" = None
 _OWNER_PID = os.getpid()
 
@@ -54,6 +54,12 @@ def _scratch(sub: str) -> str:
 def _remove_scratch() -> None:  # only in the process that made it, not in a forked child that exits normally
     if _SCRATCH is not None and os.getpid() == _OWNER_PID:
         shutil.rmtree(_SCRATCH, ignore_errors=True)
+
+
+def pytest_configure(config) -> None:
+    # torch.compile's inductor cache (a torchinductor_<user> folder in the system's temp folder, made by any test that
+    # compiles, even with backend aot_eager) in the scratch folder; launched commands inherit it through clean_env()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _scratch("inductor"))
 
 
 def pytest_unconfigure(config) -> None:

@@ -1,7 +1,7 @@
 # tests/test_dynamo.py: torch.compile through the Accelerator: TorchDynamoPlugin's fields from arguments and from
 # HF's ACCELERATE_DYNAMO_* variables (against HF's own plugin), the torch.compile call prepare() makes (against
-# HF's prepare on the same plugin), training a compiled model (backends eager / aot_eager: inductor would
-# compile C++ here) against the uncompiled loop, and regional compilation (against HF's compile_regions).
+# HF's prepare on the same plugin), training a compiled model (backends eager / aot_eager, and inductor once: its C++
+# build takes ~20 s) against the uncompiled loop, and regional compilation (against HF's compile_regions).
 # Not for: torch.compile itself.
 import importlib
 
@@ -134,8 +134,8 @@ def _train(steps: int = 3, **acc_kwargs) -> tuple:
     return model, unwrapped is net, losses, params
 
 
-@pytest.mark.parametrize("how", ["backend", "env_regional"])
-def test_compiled_training_matches_eager_loop(monkeypatch, how):
+@pytest.mark.parametrize("how", ["backend", "inductor", "env_regional"])
+def test_compiled_training_matches_eager_loop(monkeypatch, tmp_path, run, how):
     from accelerate_c.utils.other import has_compiled_regions, is_compiled_module
 
     _, _, ref_losses, ref_params = _train()
@@ -143,6 +143,14 @@ def test_compiled_training_matches_eager_loop(monkeypatch, how):
         model, same, losses, params = _train(dynamo_backend="eager")
         assert is_compiled_module(model)
         atol = 0.0
+    elif how == "inductor":  # the default backend of `accelerate config` and of the Trainer's torch_compile=True
+        # its C++ builds in tmp_path (torch puts its cache folder into os.environ once it has chosen one)
+        run("dynamo_inductor.py", [str(tmp_path / "out.pt")], timeout=300,
+            env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+        r = torch.load(tmp_path / "out.pt")
+        assert r["compiled"]
+        same, losses, params = r["same"], r["losses"], r["params"]
+        atol = 1e-5  # generated C++ kernels: other summation orders and fused tanh
     else:
         monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "aot_eager")
         monkeypatch.setenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "true")
