@@ -5,9 +5,9 @@
 # process-wide), in interleaved rounds: fp32; bf16 on our kernels; bf16 on our kernels except attention, which stays
 # torch's bf16 kernel (the state before attention was replaced); bf16 on our kernels with
 # ACCELERATE_C_LARGE_TENSOR_PAGES=on (the fp32 temporaries the kernels free go back to the system at once instead of
-# staying in glibc's heap). Prints median s/step, the ratios, the loss after the last step and the process's PSS
-# growth after a forward. torch's bf16 matmuls here are tens of times slower than
-# fp32 (benchmarks/trainer_step.py measures them): not run.
+# staying in glibc's heap). Prints median s/step, the ratios, the loss after the last step, the process's PSS growth
+# after a forward and its peak RSS growth over the steps (VmHWM, reset after prepare). torch's bf16 matmuls here
+# are tens of times slower than fp32 (benchmarks/trainer_step.py measures them): not run.
 # Run: python benchmarks/cpu_bf16.py [--tokens 1024] [--steps 4] [--rounds 3] [--quick] [--no-record]
 from __future__ import annotations
 
@@ -25,6 +25,11 @@ from _results import append_results  # noqa: E402
 
 RUNS = ("fp32", "bf16", "bf16_torch_attention", "bf16_pages")
 RUN_ENV = {"bf16_pages": {"ACCELERATE_C_LARGE_TENSOR_PAGES": "on"}}
+
+
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
 
 
 def worker(args) -> None:
@@ -52,6 +57,9 @@ def worker(args) -> None:
     model, opt = acc.prepare(model, opt)
     ids = torch.randint(0, 8192, (2, args.tokens), generator=torch.Generator().manual_seed(1))
     base = proc.memory_full_info().pss
+    with open("/proc/self/clear_refs", "w") as f:  # VmHWM := VmRSS now: the peak is measured from here
+        f.write("5")
+    rss0 = _status_kib("VmRSS")
     times, grown = [], 0
     for i in range(args.warmup + args.steps):
         t = time.perf_counter()
@@ -64,6 +72,7 @@ def worker(args) -> None:
             times.append(time.perf_counter() - t)
     with open(args.out, "w") as f:
         json.dump({"step": statistics.median(times), "loss": loss.item(), "pss_mib": grown / 2**20,
+                   "peak_mib": (_status_kib("VmHWM") - rss0) / 1024,
                    "installed": cpu_bf16.installed(), "native": torch.ops.mkldnn._is_mkldnn_bf16_supported(),
                    "pages": pages}, f)
 
@@ -100,20 +109,21 @@ def main() -> None:
                     res[run].append(json.load(f))
     step = {r: statistics.median(x["step"] for x in res[r]) for r in RUNS}
     pss = {r: statistics.median(x["pss_mib"] for x in res[r]) for r in RUNS}
+    peak = {r: statistics.median(x["peak_mib"] for x in res[r]) for r in RUNS}
     first = res["bf16"][0]
     lines = [f"transformers Llama from a config (4 layers, width 512, 8 heads, vocab 8192; attention through "
              f"scaled_dot_product_attention), batch 2 x {args.tokens} tokens, AdamW, 1 process x 2 threads, "
              f"{args.steps} timed steps after {args.warmup}, {args.rounds} interleaved rounds, medians; native bf16 "
              f"matmuls: {first['native']}, our CPU bf16 kernels installed: {first['installed']}", "",
              "| run | s/step | vs bf16 with torch's attention | vs fp32 | loss after the last step | PSS growth "
-             "after a forward, MiB |", "|---|---|---|---|---|---|"]
+             "after a forward, MiB | peak RSS growth over the steps, MiB |", "|---|---|---|---|---|---|---|"]
     names = {"fp32": "fp32", "bf16": "bf16, our kernels (attention included)",
              "bf16_torch_attention": "bf16, our kernels but torch's bf16 attention (baseline)",
              "bf16_pages": "bf16, our kernels, ACCELERATE_C_LARGE_TENSOR_PAGES=on (policy on: "
                            f"{res['bf16_pages'][0]['pages']})"}
     for r in RUNS:
         lines.append(f"| {names[r]} | {step[r]:.3f} | {step[r] / step['bf16_torch_attention']:.2f} | "
-                     f"{step[r] / step['fp32']:.2f} | {res[r][-1]['loss']:.4f} | {pss[r]:.0f} |")
+                     f"{step[r] / step['fp32']:.2f} | {res[r][-1]['loss']:.4f} | {pss[r]:.0f} | {peak[r]:.0f} |")
     lines += ["", "- per-round s/step: " + "; ".join(f"{r} {[round(x['step'], 3) for x in res[r]]}" for r in RUNS)]
     print("\n".join(lines))
     if not args.no_record and not args.quick:
