@@ -9,7 +9,8 @@ from ..base.megatron_plugin import MegatronLMPlugin
 from ..base.parallel_handlers import (DeepSpeedSequenceParallelConfig, TorchContextParallelConfig,
                                       TorchTensorParallelConfig, TorchTensorParallelPlugin)
 from ..base.parallelism_config import ParallelismConfig
-from ..base.environment import are_libraries_initialized, clear_environment, patch_environment
+from ..base.environment import (are_libraries_initialized, clear_environment, get_int_from_env, parse_choice_from_env,
+                                parse_flag_from_env, patch_environment, purge_accelerate_environment)
 from ..base.imports import *  # noqa: F401,F403 - the is_*_available probes (cheap: nothing optional is imported)
 from ..base.imports import compare_versions, is_torch_version, str_to_bool
 from ..base.kwargs_handlers import (AutocastKwargs, DDPCommunicationHookType, DistributedDataParallelKwargs,
@@ -24,11 +25,18 @@ _LAZY = {
                    "concatenate", "convert_to_fp32", "copy_tensor_to_devices", "find_batch_size", "find_device",
                    "gather", "gather_object", "get_data_structure", "honor_type", "ignorant_find_batch_size",
                    "initialize_tensors", "is_namedtuple", "is_tensor_information", "is_torch_tensor", "listify",
-                   "pad_across_processes", "recursively_apply", "reduce", "send_to_device", "slice_tensors"),
+                   "pad_across_processes", "recursively_apply", "reduce", "send_to_device", "slice_tensors",
+                   "ConvertOutputsToFp32", "convert_outputs_to_fp32", "pad_input_tensors"),
     "random": ("set_seed", "synchronize_rng_state", "synchronize_rng_states"),
     "memory": ("clear_device_cache", "find_executable_batch_size", "release_memory", "should_reduce_batch_size"),
     "other": ("compile_regions", "extract_model_from_parallel", "has_compiled_regions", "has_repeated_blocks",
-              "is_compiled_module", "is_repeated_blocks", "load", "save"),
+              "is_compiled_module", "is_repeated_blocks", "load", "save", "wait_for_everyone", "get_pretty_name",
+              "merge_dicts", "is_port_in_use", "convert_bytes", "check_os_kernel", "recursive_getattr",
+              "get_module_children_bottom_up"),
+    "constants": ("MODEL_NAME", "OPTIMIZER_NAME", "RNG_STATE_NAME", "SAFE_MODEL_NAME", "SAFE_WEIGHTS_INDEX_NAME",
+                  "SAFE_WEIGHTS_NAME", "SAFE_WEIGHTS_PATTERN_NAME", "SAMPLER_NAME", "SCALER_NAME", "SCHEDULER_NAME",
+                  "WEIGHTS_INDEX_NAME", "WEIGHTS_NAME", "WEIGHTS_PATTERN_NAME", "PROFILE_PATTERN_NAME"),
+    "accelerate_c.checkpointing.model": ("clean_state_dict_for_safetensors",),
     "accelerate_c.commands.config": ("write_basic_config",),
     "sharding_plugins": ("FullyShardedDataParallelPlugin",),
     "deepspeed_plugin": ("DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "get_active_deepspeed_plugin"),
