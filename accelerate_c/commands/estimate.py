@@ -18,6 +18,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from ..base.units import convert_bytes as format_bytes  # HF's rendering, as HF's estimate-memory prints it
+
 DTYPES = ("float32", "float16", "bfloat16", "int8", "int4")  # HF's choices + bfloat16
 LOAD_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "int4": 0.5}  # per floating-point element
 
@@ -212,15 +214,6 @@ def _from_transformers(spec: str) -> Any:
 
 
 # ---- output ------------------------------------------------------------------------------------------
-
-def format_bytes(size: float) -> str:
-    """HF's rendering: 1024-based units, two decimals at most ('1.5 GB')."""
-    for unit in ("bytes", "KB", "MB", "GB", "TB"):
-        if size < 1024:
-            return f"{round(size, 2)} {unit}"
-        size /= 1024
-    return f"{round(size, 2)} PB"
-
 
 def table(title: str, headers: list[str], rows: list[list[str]]) -> str:
     """A box-drawn table with a title row; every cell centred."""

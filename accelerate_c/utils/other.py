@@ -1,7 +1,7 @@
 # accelerate_c/utils/other.py: HF's `save` / `load` (drop-ins for torch.save / torch.load), HF's path for the
 # model helpers of runtime/models.py (extract_model_from_parallel, the torch.compile helpers), and HF 1.15's small
 # helpers of `accelerate.utils.other` with its semantics: wait_for_everyone, get_pretty_name, merge_dicts,
-# is_port_in_use, convert_bytes, check_os_kernel, recursive_getattr, get_module_children_bottom_up.
+# is_port_in_use, convert_bytes (base/units.py), check_os_kernel, recursive_getattr, get_module_children_bottom_up.
 # Not for: checkpoint formats (checkpointing/ owns safetensors writing and the tied-tensor cleanup it uses).
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import torch
 
+from ..base.units import convert_bytes
 from ..runtime.logging import get_logger
 from ..runtime.models import (compile_model, compile_regions, extract_model_from_parallel, has_compiled_regions,
                               has_repeated_blocks, is_compiled_module, is_repeated_blocks)
@@ -103,15 +104,6 @@ def is_port_in_use(port: Optional[int] = None) -> bool:
     """Whether something accepts connections on localhost:`port` (default 29500, the launcher's default)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         return s.connect_ex(("localhost", 29500 if port is None else port)) == 0
-
-
-def convert_bytes(size: float) -> str:
-    """`size` bytes in the largest unit (1024-based) that keeps it below 1024: "1.5 KB", "12 bytes"."""
-    for unit in ("bytes", "KB", "MB", "GB", "TB"):
-        if size < 1024.0:
-            return f"{round(size, 2)} {unit}"
-        size /= 1024.0
-    return f"{round(size, 2)} PB"
 
 
 def check_os_kernel() -> None:
