@@ -9,10 +9,12 @@
 # multiplying by V: ours is the correctly rounded result there, torch's is not. The tensors the op saves for
 # backward are held as bf16 where they are its inputs (exact: they are the rounded inputs; attention's output is
 # saved in fp32, as its fp32 kernel saves it), so the live activation bytes stay autocast's; the op's fp32
-# temporaries, once freed, can stay in glibc's heap (measured in docs/differences.md). Other autocast dtypes (fp16
-# on a CPU) keep torch's autocast rule: eligible inputs (floating, not float64) cast to that dtype. Installed once
-# per process by BF16Precision (precision/policy.py), unless ACCELERATE_C_CPU_BF16_MATMUL=torch; it then serves
-# every CPU autocast region of the process. Not for: CUDA autocast and the ops torch runs fast in bf16.
+# temporaries, once freed, can stay in glibc's heap (measured in docs/differences.md). In a graph torch.compile
+# builds, the roundings are integer arithmetic (_round_bits), which inductor keeps, so a compiled model of these ops
+# gives eager's bits. Other autocast dtypes (fp16 on a CPU) keep torch's autocast rule: eligible inputs (floating,
+# not float64) cast to that dtype. Installed once per process by BF16Precision (precision/policy.py), unless
+# ACCELERATE_C_CPU_BF16_MATMUL=torch; it then serves every CPU autocast region of the process. Not for: CUDA
+# autocast and the ops torch runs fast in bf16.
 from __future__ import annotations
 
 import threading
@@ -45,13 +47,37 @@ def _plain(x: Any) -> bool:
     return type(x) in (torch.Tensor, torch.nn.Parameter) and not torch._is_functional_tensor(x)
 
 
+def _round_bits(t: torch.Tensor) -> torch.Tensor:
+    """fp32 `t` rounded to bf16's precision and kept in fp32, in integer arithmetic: torch's cast (round to nearest,
+    ties to even; past the largest bf16 to inf), NaN kept. For graphs torch.compile builds, where inductor folds a
+    `.to(bfloat16).to(float32)` round trip away (its emulate_precision_casts is off by default) and would run the op
+    on unrounded inputs; integer operations it keeps."""
+    bits = t.view(torch.int32)
+    mag = torch.clamp(bits & 0x7FFFFFFF, max=0x7F800000)  # NaNs clamped (no int32 overflow below), restored last
+    rounded = ((mag + 0x7FFF + ((mag >> 16) & 1)) & 0x7FFF0000) | (bits & -0x80000000)
+    return torch.where(torch.isnan(t), t, rounded.view(torch.float32))
+
+
+class _RoundBits(torch.autograd.Function):
+    """_round_bits with eager's gradient: the round trip's backward rounds the incoming gradient to bf16 too"""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+        return _round_bits(t)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return _round_bits(grad)
+
+
 class _Rounded:
     """The op's inputs rounded to bf16 (kept) and widened to fp32 (what the op computes on), and the saved-tensor
     hooks that hold those fp32 inputs as bf16 while backward waits for them (`track`: eager tensors only; under a
-    tracer (torch.compile) the rounding alone goes into the graph)."""
+    tracer (torch.compile) the rounding alone goes into the graph, in integer arithmetic: `traced`)."""
 
-    def __init__(self, track: bool) -> None:
+    def __init__(self, track: bool, traced: bool) -> None:
         self.track = track
+        self.traced = traced  # in a graph torch.compile builds: round with _round_bits
         self.any = False  # whether an input was rounded (else autocast leaves the op, and its output, alone)
         self.low: dict = {}  # storage address of a widened input -> (its bf16 tensor, itself)
 
@@ -59,6 +85,8 @@ class _Rounded:
         if not _eligible(x):
             return x
         self.any = True
+        if self.traced:
+            return _RoundBits.apply(x if x.dtype == _F32 else x.to(_F32))
         low = x if x.dtype == _BF16 else x.to(_BF16)
         wide = low.to(_F32)
         if self.track:
@@ -89,7 +117,8 @@ def _kernel(overload: Callable) -> Callable:
                 kwargs = {k: v.to(dtype) if _eligible(v) else v for k, v in kwargs.items()}
                 return overload(*args, **kwargs)
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-            r = _Rounded(torch.is_grad_enabled() and not torch.compiler.is_compiling() and all(map(_plain, tensors)))
+            traced = torch.compiler.is_compiling() or not all(map(_plain, tensors))
+            r = _Rounded(torch.is_grad_enabled() and not traced, traced)
             args = tuple(r.round(a) for a in args)
             kwargs = {k: r.round(v) for k, v in kwargs.items()}
             if r.track:
@@ -100,7 +129,10 @@ def _kernel(overload: Callable) -> Callable:
                     r.low.clear()  # the graph keeps the hooks (so r) alive: not the fp32 inputs
             else:
                 out = overload(*args, **kwargs)
-            return out.to(_BF16) if r.any and out.is_floating_point() else out
+            if not (r.any and out.is_floating_point()):
+                return out
+            # in a compiled graph inductor may fuse this cast into the next op and skip its rounding: round first
+            return (_RoundBits.apply(out) if r.traced and out.dtype == _F32 else out).to(_BF16)
     return run
 
 
