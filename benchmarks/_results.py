@@ -1,6 +1,6 @@
 # benchmarks/_results.py: shared helpers for benchmark scripts: timing medians, running a multi-process worker
-# and reading each rank's JSON, and appending a results block (date, exact command, machine, table) to
-# benchmarks/RESULTS.md.
+# and reading each rank's JSON, the process's RSS figures and peak reset (/proc/self), and appending a results block
+# (date, exact command, machine, table) to benchmarks/RESULTS.md.
 # Not for: measurement logic (each benchmark owns its own).
 from __future__ import annotations
 
@@ -36,6 +36,21 @@ def private_tmp(env: dict) -> Iterator[dict]:
     """`env` with TMPDIR set to a folder removed afterwards: torchrun leaves a torchelastic_* folder per launch."""
     with tempfile.TemporaryDirectory(prefix="bench_tmp_") as tmp:
         yield dict(env, TMPDIR=tmp)
+
+
+def status_bytes(key: str) -> int:
+    """A byte figure of this process from /proc/self/status ("VmRSS", "VmHWM", ...)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def reset_peak_rss() -> None:
+    """VmHWM := VmRSS now (Linux), so a later status_bytes("VmHWM") is the peak from here on."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def run_ranks(kind: str, cmd: list[str], env: dict, cwd: str, out: str, nranks: int, timeout: float) -> list[dict]:

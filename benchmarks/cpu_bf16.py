@@ -21,15 +21,10 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from _results import append_results  # noqa: E402
+from _results import append_results, reset_peak_rss, status_bytes  # noqa: E402
 
 RUNS = ("fp32", "bf16", "bf16_torch_attention", "bf16_pages")
 RUN_ENV = {"bf16_pages": {"ACCELERATE_C_LARGE_TENSOR_PAGES": "on"}}
-
-
-def _status_kib(key: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
 
 
 def worker(args) -> None:
@@ -57,9 +52,8 @@ def worker(args) -> None:
     model, opt = acc.prepare(model, opt)
     ids = torch.randint(0, 8192, (2, args.tokens), generator=torch.Generator().manual_seed(1))
     base = proc.memory_full_info().pss
-    with open("/proc/self/clear_refs", "w") as f:  # VmHWM := VmRSS now: the peak is measured from here
-        f.write("5")
-    rss0 = _status_kib("VmRSS")
+    reset_peak_rss()  # the peak is measured from here
+    rss0 = status_bytes("VmRSS")
     times, grown = [], 0
     for i in range(args.warmup + args.steps):
         t = time.perf_counter()
@@ -72,7 +66,7 @@ def worker(args) -> None:
             times.append(time.perf_counter() - t)
     with open(args.out, "w") as f:
         json.dump({"step": statistics.median(times), "loss": loss.item(), "pss_mib": grown / 2**20,
-                   "peak_mib": (_status_kib("VmHWM") - rss0) / 1024,
+                   "peak_mib": (status_bytes("VmHWM") - rss0) / 2**20,
                    "installed": cpu_bf16.installed(), "native": torch.ops.mkldnn._is_mkldnn_bf16_supported(),
                    "pages": pages}, f)
 

@@ -31,24 +31,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from _results import append_results  # noqa: E402
+from _results import append_results, reset_peak_rss, status_bytes  # noqa: E402
 
 FULL = dict(hidden=2048, layers=22, inter=5632, heads=32, kv=4, vocab=32000)
 MID = dict(hidden=1280, layers=24, inter=3584, heads=20, kv=4, vocab=32000)  # ~507M (issue 20's target)
 QUICK = dict(hidden=256, layers=4, inter=688, heads=4, kv=2, vocab=2000)
-
-
-def _status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 def _config(shape: dict):
@@ -73,8 +60,8 @@ def worker(args) -> None:
     acc.wait_for_everyone()
     torch.manual_seed(0)
     out: dict = {"rank": acc.process_index}
-    _reset_peak()
-    rss0 = _status("VmRSS")
+    reset_peak_rss()
+    rss0 = status_bytes("VmRSS")
     t0 = time.perf_counter()
     if args.worker == "eager":
         model = LlamaForCausalLM(cfg)
@@ -88,7 +75,7 @@ def worker(args) -> None:
         out["max_unit_bytes"] = 4 * max(u.padded for u in engine.units)
         out["layer_unit_bytes"] = 4 * max(u.padded for u in engine.units if u.name)
     out["seconds"] = time.perf_counter() - t0
-    out["peak"] = _status("VmHWM") - rss0
+    out["peak"] = status_bytes("VmHWM") - rss0
     out["rss0"] = rss0
     out["params"] = sum(p.numel() for p in acc.unwrap_model(model).parameters())
     with open(f"{args.out}.{acc.process_index}.json", "w") as f:
