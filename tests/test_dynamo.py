@@ -144,9 +144,8 @@ def test_compiled_training_matches_eager_loop(monkeypatch, tmp_path, run, how):
         assert is_compiled_module(model)
         atol = 0.0
     elif how == "inductor":  # the default backend of `accelerate config` and of the Trainer's torch_compile=True
-        # its C++ builds in tmp_path (torch puts its cache folder into os.environ once it has chosen one)
-        run("dynamo_inductor.py", [str(tmp_path / "out.pt")], timeout=300,
-            env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+        # its C++ builds in the session's scratch folder (TORCHINDUCTOR_CACHE_DIR, set by conftest.py)
+        run("dynamo_inductor.py", [str(tmp_path / "out.pt")], timeout=300)
         r = torch.load(tmp_path / "out.pt")
         assert r["compiled"]
         same, losses, params = r["same"], r["losses"], r["params"]
