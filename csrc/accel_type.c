@@ -76,9 +76,79 @@ static PyObject *Accelerator_do_sync(PyObject *op, PyObject *const *args, Py_ssi
     return PyBool_FromLong(self->sync_gradients);
 }
 
+/* Pickling (HF's Accelerator pickles, e.g. inside a skorch net): __getstate__ returns (instance dict or None,
+ * the C fields as a tuple of ints); __setstate__ restores both. What the dict holds decides the rest (process
+ * groups pickle as references to the live ones: base/process_local.py). */
+#define ACC_NFIELDS 10
+
+static Py_ssize_t *acc_field(AcceleratorObject *self, int i, char **flag) {
+    Py_ssize_t *ints[] = {&self->step, &self->gradient_accumulation_steps, &self->num_processes,
+                          &self->process_index, &self->local_process_index, &self->optimizer_steps};
+    char *flags[] = {&self->sync_gradients, &self->sync_with_dataloader, &self->end_of_dataloader,
+                     &self->sync_each_batch};
+    *flag = i >= 6 ? flags[i - 6] : NULL;
+    return i < 6 ? ints[i] : NULL;
+}
+
+static PyObject *Accelerator_getstate(PyObject *op, PyObject *unused) {
+    (void)unused;
+    AcceleratorObject *self = (AcceleratorObject *)op;
+    PyObject *fields = PyTuple_New(ACC_NFIELDS);
+    if (!fields) return NULL;
+    for (int i = 0; i < ACC_NFIELDS; i++) {
+        char *flag;
+        Py_ssize_t *v = acc_field(self, i, &flag);
+        PyObject *x = v ? PyLong_FromSsize_t(*v) : PyLong_FromLong(*flag);
+        if (!x) { Py_DECREF(fields); return NULL; }
+        PyTuple_SetItem(fields, i, x);
+    }
+    PyObject *dict = PyObject_GetAttrString(op, "__dict__");
+    if (!dict) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) { Py_DECREF(fields); return NULL; }
+        PyErr_Clear();
+        dict = Py_NewRef(Py_None);
+    }
+    PyObject *out = PyTuple_Pack(2, dict, fields);
+    Py_DECREF(dict);
+    Py_DECREF(fields);
+    return out;
+}
+
+static PyObject *Accelerator_setstate(PyObject *op, PyObject *state) {
+    AcceleratorObject *self = (AcceleratorObject *)op;
+    if (!PyTuple_Check(state) || PyTuple_Size(state) != 2 || !PyTuple_Check(PyTuple_GetItem(state, 1))
+        || PyTuple_Size(PyTuple_GetItem(state, 1)) != ACC_NFIELDS) {
+        return PyErr_Format(PyExc_TypeError, "Accelerator.__setstate__: expected (dict, %d C fields), got %R",
+                            ACC_NFIELDS, state);
+    }
+    PyObject *dict = PyTuple_GetItem(state, 0), *fields = PyTuple_GetItem(state, 1);
+    Py_ssize_t vals[ACC_NFIELDS];
+    for (int i = 0; i < ACC_NFIELDS; i++) {
+        vals[i] = PyLong_AsSsize_t(PyTuple_GetItem(fields, i));
+        if (vals[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    if (dict != Py_None) {
+        PyObject *own = PyObject_GetAttrString(op, "__dict__");
+        if (!own) return NULL;
+        int rc = PyDict_Check(own) ? PyDict_Update(own, dict) : -1;
+        if (rc < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "Accelerator.__setstate__: no __dict__");
+        Py_DECREF(own);
+        if (rc < 0) return NULL;
+    }
+    for (int i = 0; i < ACC_NFIELDS; i++) {
+        char *flag;
+        Py_ssize_t *v = acc_field(self, i, &flag);
+        if (v) *v = vals[i];
+        else *flag = (char)(vals[i] != 0);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Accelerator_methods[] = {
     {"_do_sync", (PyCFunction)(void (*)(void))Accelerator_do_sync, METH_FASTCALL,
      "_do_sync($self, end_of_dataloader=None, /)\n--\n\nAdvance the accumulation counter; return sync_gradients."},
+    {"__getstate__", Accelerator_getstate, METH_NOARGS, "(instance dict, C fields) for pickle."},
+    {"__setstate__", Accelerator_setstate, METH_O, "Restore what __getstate__ returned."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -401,8 +401,15 @@ static PyObject *py_region_register(PyObject *m, PyObject *const *args, Py_ssize
 static PyObject *py_region_unregister(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
     if (!nargs_ok(nargs, 2, "shm_region_unregister")) return NULL;
     acc_shm_group *g = get_group(args[0], "shm_region_unregister");
+    if (!g) return NULL;
+    if (PyLong_Check(args[1])) { /* the region's address (its tensors may be gone already) */
+        void *base = PyLong_AsVoidPtr(args[1]);
+        if (!base && PyErr_Occurred()) return NULL;
+        acc_shm_region_unregister(g, base);
+        Py_RETURN_NONE;
+    }
     acc_tensor t;
-    if (!g || acc_tensor_borrow_cpu(m, args[1], &t, "shm_region_unregister", ACC_U8) < 0) return NULL;
+    if (acc_tensor_borrow_cpu(m, args[1], &t, "shm_region_unregister", ACC_U8) < 0) return NULL;
     acc_shm_region_unregister(g, t.data);
     Py_RETURN_NONE;
 }
@@ -457,6 +464,7 @@ PyMethodDef acc_shm_methods[] = {
      "shm_region_register($module, handle, region, part_bytes, /)\n--\n\n"
      "Register a mapped region (uint8 tensor over all parts) so collectives on tensors inside it are zero-copy."},
     {"shm_region_unregister", FC(py_region_unregister),
-     "shm_region_unregister($module, handle, region, /)\n--\n\nForget a registered region."},
+     "shm_region_unregister($module, handle, region, /)\n--\n\nForget a registered region (its uint8 tensor or its "
+     "address)."},
     {NULL, NULL, 0, NULL},
 };

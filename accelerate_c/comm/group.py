@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from accelerate_c.base import settings
+from accelerate_c.base.process_local import ProcessLocal
 from accelerate_c.comm.p2p import ShmP2P, TorchP2P
 from accelerate_c.comm.shm import ShmGroup, _op_code, check_scatter_input
 
@@ -91,7 +92,7 @@ class _KeepBlock:
         return True
 
 
-class TorchGroup:
+class TorchGroup(ProcessLocal):
     """Plain torch.distributed on `pg` behind the CollectiveGroup interface (also the non-CPU fallback)."""
 
     def __init__(self, pg: Optional[dist.ProcessGroup] = None) -> None:

@@ -15,12 +15,13 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from accelerate_c.base.process_local import ProcessLocal
 from accelerate_c.comm.shm import ShmGroup, Work, _op_code, check_scatter_input
 
 _TORCH_OPS = [dist.ReduceOp.SUM, dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.SUM]
 
 
-class HierarchicalGroup:
+class HierarchicalGroup(ProcessLocal):
     def __init__(self, pg: Optional[dist.ProcessGroup], hosts: list, *, timeout: Optional[float] = None) -> None:
         self.pg = pg
         self.rank = dist.get_rank(pg)

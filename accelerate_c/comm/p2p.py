@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from accelerate_c import _C
+from accelerate_c.base.process_local import ProcessLocal
 from accelerate_c.comm.shm import ShmGroup, pg_timeout
 
 BELL_BYTES = 4096
@@ -47,7 +48,7 @@ class ShmWork:
             self._tensor = None
 
 
-class ShmP2P:
+class ShmP2P(ProcessLocal):
     """Channels between the ranks of `group` (a ShmGroup); collective: every rank passes the same channel list."""
 
     name = "shm"
@@ -107,7 +108,7 @@ class TorchWork:
             self._work = None
 
 
-class TorchP2P:
+class TorchP2P(ProcessLocal):
     """Channels over torch.distributed on `pg` (see the header); collective: every rank passes the same list."""
 
     name = "torch"

@@ -10,8 +10,6 @@
 # raises after the timeout, which defaults to the process group's timeout).
 from __future__ import annotations
 
-import mmap
-import os
 import queue
 import threading
 from datetime import timedelta
@@ -22,12 +20,13 @@ import torch.distributed as dist
 
 from accelerate_c import _C
 from accelerate_c.base import settings
-from accelerate_c.comm.shm_segments import open_group, open_region
+from accelerate_c.base.process_local import ProcessLocal
+from accelerate_c.comm.shm_memory import SharedRegions
+from accelerate_c.comm.shm_segments import open_group
 
 # "sum_div": the sum rounded to the dtype, then divided by the group size (torch's all_reduce(SUM); t /= n,
 # which is what HF Accelerate's reduce(..., "mean") computes); "avg" divides the unrounded sum (DDP).
 _OPS = {"sum": 0, "avg": 1, "mean": 1, "max": 2, "min": 3, "sum_div": 4}
-_PAGE = 4096
 
 
 def _op_code(op: Any) -> int:
@@ -107,7 +106,7 @@ class ShmWork:
         return True
 
 
-class ShmGroup:
+class ShmGroup(ProcessLocal, SharedRegions):
     """Collectives among the ranks of `pg` (all on this host) through one shared-memory segment."""
 
     def __init__(self, pg: Optional[dist.ProcessGroup] = None, *, timeout: Optional[float] = None,
@@ -117,7 +116,7 @@ class ShmGroup:
         self.rank = dist.get_rank(pg) if init else 0
         self.size = dist.get_world_size(pg) if init else 1
         self.timeout = float(timeout) if timeout is not None else (pg_timeout(pg) if init else 1800.0)
-        self._regions: list[tuple[mmap.mmap, torch.Tensor, int]] = []  # (map, whole region, bytes per part)
+        self._regions: list = []  # alloc()'s regions (shm_memory._Region), in registration order
         self._queue: Optional[queue.SimpleQueue] = None
         self._pending: list[Work] = []
         self._lock = threading.Lock()
@@ -291,79 +290,9 @@ class ShmGroup:
         self.timeout = float(seconds)
         _C.shm_set_timeout(self._h, self.timeout)
 
-    # ---- memory in the segment ----------------------------------------------------------------------------
-    def alloc(self, numel: int, dtype: torch.dtype = torch.float32,
-              device: Optional[torch.device] = None) -> torch.Tensor:
-        """Collective: a zeroed 1-D tensor of `numel` elements living in shared memory. Collectives on it
-        (or on any contiguous slice of it) read and write the peers' copies directly (no copy-in).
-        Every rank must call alloc with the same sizes in the same order. At most 32 per group."""
-        nbytes = int(numel) * torch.empty((), dtype=dtype).element_size()
-        part = max(_PAGE, (nbytes + _PAGE - 1) // _PAGE * _PAGE)
-        fd = open_region(self, part * self.size)
-        try:
-            mm = mmap.mmap(fd, part * self.size)
-        finally:
-            os.close(fd)
-        whole = torch.frombuffer(mm, dtype=torch.uint8)
-        _C.shm_region_register(self._h, whole, part)
-        self._regions.append((mm, whole, part))
-        if nbytes == 0:
-            return whole[:0].view(dtype)
-        # A storage of its own covering only this rank's bytes (torch.save of a view writes its whole storage).
-        return torch.frombuffer(mm, dtype=dtype, count=int(numel), offset=self.rank * part)
-
-    def _locate(self, t: torch.Tensor, what: str) -> tuple[mmap.mmap, torch.Tensor, int, int]:
-        """(the map, the whole region, its bytes per part, t's byte offset inside this rank's part) of a tensor
-        from alloc() or a contiguous slice of one."""
-        ptr, nbytes = t.data_ptr(), t.numel() * t.element_size()
-        for mm, whole, part in self._regions:
-            off = ptr - whole.data_ptr() - self.rank * part
-            if 0 <= off and off + nbytes <= part:
-                return mm, whole, part, off
-        raise ValueError(f"ShmGroup.{what}: the tensor does not lie in this rank's part of a region from alloc()")
-
-    @staticmethod
-    def _whole_pages(start: int, nbytes: int) -> tuple[int, int]:
-        """The byte range of the whole pages inside [start, start + nbytes) of a map (empty: end <= begin)."""
-        return -(-start // _PAGE) * _PAGE, (start + nbytes) // _PAGE * _PAGE
-
-    def region_of(self, t: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """(the whole region, every rank's part, as one uint8 tensor; its bytes per part) of a tensor from alloc()."""
-        _mm, whole, part, _off = self._locate(t, "region_of")
-        return whole, part
-
     def on_close(self, fn: Callable[[], None]) -> None:
         """Runs fn() when the group closes, before its segment is unmapped (users of the C group handle)."""
         self._dependents.append(fn)
-
-    def parts(self, t: torch.Tensor) -> list[torch.Tensor]:
-        """For a tensor from alloc() (or a contiguous slice of one): the same elements in every rank's part,
-        indexed by group rank (entry `rank` is `t` itself). Peers' parts can be read and written directly;
-        the caller orders such accesses (e.g. with barrier())."""
-        _mm, whole, part, off = self._locate(t, "parts")
-        nbytes = t.numel() * t.element_size()
-        return [whole[q * part + off:q * part + off + nbytes].view(t.dtype).view(t.shape) for q in range(self.size)]
-
-    def discard(self, t: torch.Tensor) -> int:
-        """Gives back to the system the whole pages of a slice `t` of this rank's part of an alloc() region (they
-        read as zeros afterwards and take memory again only when written). Local, no collective: the caller knows
-        nobody needs the values. Returns the bytes released."""
-        mm, _whole, part, off = self._locate(t, "discard")
-        a, b = self._whole_pages(self.rank * part + off, t.numel() * t.element_size())
-        if b <= a or not hasattr(mmap, "MADV_REMOVE"):  # (Linux; elsewhere the pages stay)
-            return 0
-        mm.madvise(mmap.MADV_REMOVE, a, b - a)
-        return b - a
-
-    def unmap_peers(self, t: torch.Tensor) -> None:
-        """Drops from this process's page tables the pages of the peers' copies of `t` (a slice of this rank's part
-        of an alloc() region) that reading them mapped here; their values stay (the peers own them), the next read
-        maps them again. Local, no collective."""
-        mm, _whole, part, off = self._locate(t, "unmap_peers")
-        for q in range(self.size):
-            a, b = self._whole_pages(q * part + off, t.numel() * t.element_size())
-            if q != self.rank and b > a:
-                mm.madvise(mmap.MADV_DONTNEED, a, b - a)
 
     def host_group(self) -> "ShmGroup":
         """The shared-memory group of this host's ranks: this group."""

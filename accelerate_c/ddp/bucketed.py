@@ -21,6 +21,8 @@ from typing import Any, Iterable, Optional
 import torch
 
 from .. import _C
+from ..base.process_local import ProcessBound
+from ..base.weak import weak_hook
 
 FIRST_BUCKET_BYTES = 1 << 20
 
@@ -52,15 +54,17 @@ class _Decompress:
         self.dst.copy_(self.src)
 
 
-class BucketedGradSync:
+class BucketedGradSync(ProcessBound):
     """Flat gradient buffers, buckets and the asynchronous all-reduce of each bucket."""
 
     def __init__(self, params: list[torch.nn.Parameter], group: Any, bucket_cap_mb: float,
-                 compress: Optional[torch.dtype] = None) -> None:
+                 compress: Optional[torch.dtype] = None, powersgd: Optional[Any] = None) -> None:
         """compress: reduce in this dtype (torch's fp16/bf16 compress hooks: cast, divide by the world size,
-        sum-all-reduce, cast back), from a twin buffer in the group's memory."""
+        sum-all-reduce, cast back), from a twin buffer in the group's memory. powersgd: a PowerSGDSync that reduces
+        every bucket at the end of backward instead (powersgd.py)."""
         self.group = group
         self.compress = compress
+        self.powersgd = powersgd
         self.enabled = True
         self.in_sync = True  # False once a backward ran under no_sync: gradients are then per-rank
         self._in_pass = False
@@ -75,6 +79,7 @@ class BucketedGradSync:
             by_dtype.setdefault(p.dtype, []).append(p)
         self.buffers: dict[torch.dtype, torch.Tensor] = {}
         self.views: list[torch.Tensor] = [None] * len(order)  # type: ignore[list-item]
+        self.offsets = [0] * len(order)  # each parameter's offset in its dtype's buffer
         cap = max(1, int(bucket_cap_mb * (1 << 20)))
         self.buckets: list[_Bucket] = []
         param_bucket = [0] * len(order)
@@ -91,6 +96,7 @@ class BucketedGradSync:
                     self.buckets.append(_Bucket(buf, start, off - start))
                     start, limit = off, cap
                 param_bucket[self.index[id(p)]] = len(self.buckets)
+                self.offsets[self.index[id(p)]] = off
                 view = buf[off:off + n].view_as(p)
                 if p.grad is not None:  # a gradient that exists moves into its view; None stays None (unused)
                     view.copy_(p.grad)
@@ -115,7 +121,8 @@ class BucketedGradSync:
             for b in self.buckets:
                 b.compressed = twins[b.buffer.dtype]
         self.counter = _C.BucketCounter(param_bucket, len(self.buckets))
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in order]
+        self._members = [[i for i, b in enumerate(param_bucket) if b == k] for k in range(len(self.buckets))]
+        self._handles = [p.register_post_accumulate_grad_hook(weak_hook(self._on_grad)) for p in order]
 
     # -- backward-time hooks ---------------------------------------------------------------------------
     def _on_grad(self, p: torch.Tensor) -> None:
@@ -136,6 +143,8 @@ class BucketedGradSync:
         self._launch(first, end)
 
     def _launch(self, first: int, end: int) -> None:
+        if self.powersgd is not None:
+            return  # every bucket goes to the hook at the end of backward
         for b in range(first, end):
             bucket = self.buckets[b]
             if bucket.compressed is None:
@@ -166,6 +175,10 @@ class BucketedGradSync:
                 p.grad = view
         first, end = self.counter.mark_all_remaining()
         self._launch(first, end)
+        if self.powersgd is not None:
+            self.powersgd.reduce([(b.view(), [self.params[i] for i in self._members[k]],
+                                   [self.offsets[i] - b.offset for i in self._members[k]])
+                                  for k, b in enumerate(self.buckets)])
         # the mask lives where the buffers do (NCCL reduces no CPU tensor)
         self._used = used.to(self.views[0].device) if self.views else used
         self._works.append(self.group.all_reduce_async(self._used, "sum"))

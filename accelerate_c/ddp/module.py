@@ -11,6 +11,9 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.distributed as dist
 
+from ..base.process_local import ProcessBound
+from ..base.weak import weak_hook
+
 
 class DataParallelModule(torch.nn.Module):
     """Wraps the user's model like torch DDP: `.module` is the user's model, gradients are synchronised at the end
@@ -72,7 +75,7 @@ class DataParallelModule(torch.nn.Module):
             self._grad_sync.enabled = prev
 
 
-class GradSync:
+class GradSync(ProcessBound):
     """Queues one gradient all-reduce at the end of each backward pass (reference implementation).
 
     Parameters whose gradient is None on some rank (unused in this step) take part with zeros; a
@@ -90,7 +93,7 @@ class GradSync:
         # owner: instead of a callback of its own, the first gradient of a synced pass calls owner(), whose own
         # end-of-pass callback runs sync_now() (the sharded engine: one fixed order of the pass's collectives)
         self._owner = owner
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
+        self._handles = [p.register_post_accumulate_grad_hook(weak_hook(self._on_grad)) for p in params]
 
     def _on_grad(self, _p: torch.Tensor) -> None:
         # The first gradient of a synced pass queues the sync at the end of the (outermost, when it fires there)

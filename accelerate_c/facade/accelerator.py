@@ -133,7 +133,7 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         self.native_amp = self.state.mixed_precision in ("fp16", "bf16")
         # a pipelined model runs its backward inside its call: it scales each micro-batch's loss as backward() would
         self.model_parallel = ModelParallel(self.state.parallel_layout, self._loss_for_backward,
-                                            lambda: bool(self.sync_gradients))
+                                            self._is_sync_step)
 
         self.flag_tensor: Optional[torch.Tensor] = None
         self._models: list = []
@@ -176,6 +176,13 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         self._gradient_accumulation_steps = self.gradient_state.num_steps
         self._sync_each_batch = bool(plugin.sync_each_batch)
         self._sync_with_dataloader = bool(plugin.sync_with_dataloader)
+
+    def __setstate__(self, state: tuple) -> None:
+        """pickle (the C type's __getstate__/__setstate__ carry the per-step fields): a copy unpickled where the
+        process's Accelerator is gone (another process) becomes the one GradientState follows."""
+        super().__setstate__(state)
+        if self.gradient_state._owner() is None:
+            self.gradient_state._attach(self)
 
     # -- prepare ---------------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: Optional[list] = None) -> Any:
@@ -269,6 +276,9 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
         return skip_first_batches(dataloader, num_batches=num_batches)
 
     # -- the training step -----------------------------------------------------------------------------
+    def _is_sync_step(self) -> bool:
+        return bool(self.sync_gradients)
+
     def _loss_for_backward(self, loss: torch.Tensor) -> torch.Tensor:
         """What backward() backpropagates for `loss`: divided by the accumulation steps, then the precision's
         scaling (fp16's loss scale)."""

@@ -8,6 +8,7 @@ import weakref
 from typing import Any, Optional
 
 from ..base.dataclasses import GradientAccumulationPlugin
+from .borg import reduce_shared
 
 
 class GradientState:
@@ -30,6 +31,9 @@ class GradientState:
     @property
     def initialized(self) -> bool:
         return GradientState._shared_state != {}
+
+    def __reduce__(self) -> tuple:
+        return reduce_shared(self)
 
     def _attach(self, accelerator: Any) -> None:
         self._owner_ref = weakref.ref(accelerator)

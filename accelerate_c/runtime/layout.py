@@ -26,6 +26,8 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
+from ..base.process_local import ProcessLocal
+
 DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # outermost first
 GROUPS = {"pp": ("pp",), "dp_replicate": ("dp_replicate",), "dp_shard": ("dp_shard",), "cp": ("cp",),
           "tp": ("tp",), "dp": ("dp_replicate", "dp_shard"),
@@ -122,6 +124,12 @@ class DimGroup:
 
     def __repr__(self) -> str:
         return f"DimGroup({self.name}: ranks {self.ranks}, index {self.rank})"
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        """A group of one rank pickles by value; a wider one holds a live process group (process_local.py)."""
+        if self.size > 1:
+            return ProcessLocal.__reduce_ex__(self, protocol)
+        return object.__reduce_ex__(self, protocol)
 
 
 class ParallelLayout:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from . import affinity
 from .device import default_backend, select_device
 from .layout_build import trivial_layout
+from .borg import reduce_shared
 from .probes import StateProbes
 from .gradient import GradientState  # noqa: F401  (HF's import path: accelerate.state)
 from ..base import settings
@@ -113,6 +114,9 @@ class PartialState:
     @property
     def initialized(self) -> bool:
         return self._shared_state != {}
+
+    def __reduce__(self) -> tuple:  # a view of this process's state (borg.py)
+        return reduce_shared(self, *(() if type(self) is PartialState else (PartialState,)))
 
     @property
     def use_distributed(self) -> bool:
@@ -293,6 +297,9 @@ class AcceleratorState(StateProbes):
     @property
     def initialized(self) -> bool:
         return self._shared_state != {}
+
+    def __reduce__(self) -> tuple:  # a view of this process's state (borg.py)
+        return reduce_shared(self, *(() if type(self) is PartialState else (PartialState,)))
 
     def _init_sharding(self, mp: str, deepspeed_plugin: Any, fsdp_plugin: Any) -> None:
         """HF's choice of DEEPSPEED / FSDP, except that CPU processes shard too (HF runs them as plain DDP): a

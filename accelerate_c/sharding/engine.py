@@ -35,6 +35,8 @@ from typing import Any, Iterator, Optional
 import torch
 
 from .. import _C
+from ..base.process_local import ProcessBound
+from ..base.weak import weak_hook
 from ..base.dtypes import C_FLOAT_INPUTS
 from .comm import ShardComm
 from .flat import FlatEntry, FlatUnit
@@ -44,7 +46,7 @@ from .units import build_units
 from .views import attach, raw_grad, set_raw_grad
 
 
-class ShardEngine:
+class ShardEngine(ProcessBound):
     def __init__(self, model: torch.nn.Module, config: Any, comm: ShardComm, construct: bool = False) -> None:
         self.model, self.config, self.comm = model, config, comm
         self.construct = construct  # some rank's model is on the meta device: sharded construction (construct.py)
@@ -104,7 +106,7 @@ class ShardEngine:
                                                           if not p.requires_grad and id(p) not in skip])
         nb = len(self.units)
         self.counter = _C.BucketCounter([nb - 1 - u.index for u in self.unit_of], max(nb, 1))
-        self._handles = [e.param.register_post_accumulate_grad_hook(self._on_grad) for e in self.entries]
+        self._handles = [e.param.register_post_accumulate_grad_hook(weak_hook(self._on_grad)) for e in self.entries]
         self._restore: list[tuple[torch.nn.Module, Any]] = []  # (module, its own forward) under checkpointing
         if self.low:  # FSDP's cast_forward_inputs: floating inputs of the root forward in the compute dtype
             self._handles.append(model.register_forward_pre_hook(self._cast_inputs, with_kwargs=True))
