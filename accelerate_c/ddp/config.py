@@ -17,6 +17,7 @@ from ..base import settings
 from ..base.dtypes import select
 from ..deepspeed.face import deepspeed_face
 from ..deepspeed.schema import gradient_clipping
+from .powersgd import HOOKS as POWERSGD_HOOKS, WRAPPERS as POWERSGD_WRAPPERS, PowerSGDSpec
 
 
 @dataclass(frozen=True)
@@ -54,16 +55,24 @@ class StrategyConfig:
 _COMPRESS = select(("fp16", "bf16"), {"no": None})  # comm_hook -> reduction dtype
 
 
-def _compress_dtype(kwargs: Any) -> Optional[torch.dtype]:
-    """DistributedDataParallelKwargs.comm_hook -> the dtype gradients are reduced in (None: their own)."""
-    hook = "no" if kwargs is None else str(getattr(kwargs.comm_hook, "value", kwargs.comm_hook)).lower()
+def _name(value: Any) -> str:
+    return str(getattr(value, "value", value)).lower()
+
+
+def _comm_hook(kwargs: Any) -> tuple[Optional[torch.dtype], Optional[PowerSGDSpec]]:
+    """DistributedDataParallelKwargs.comm_hook / comm_wrapper / comm_state_option -> (the dtype gradients are
+    reduced in, None: their own; the PowerSGD hook, None: none)."""
+    hook = "no" if kwargs is None else _name(kwargs.comm_hook)
     if hook in _COMPRESS:
-        return _COMPRESS[hook]
-    if hook in ("power_sgd", "batched_power_sgd"):
-        raise NotImplementedError(f"DistributedDataParallelKwargs(comm_hook={hook!r}): PowerSGD is not supported by "
-                                  "accelerate_c's gradient sync; use comm_hook='fp16' or 'bf16' (compressed "
-                                  "all-reduce) or 'no'")
-    raise ValueError(f"DistributedDataParallelKwargs(comm_hook={hook!r}): unknown hook; allowed: no, fp16, bf16")
+        return _COMPRESS[hook], None
+    if hook in POWERSGD_HOOKS:
+        wrapper = _name(kwargs.comm_wrapper)
+        if wrapper not in POWERSGD_WRAPPERS:
+            raise ValueError(f"DistributedDataParallelKwargs(comm_wrapper={wrapper!r}): unknown wrapper; allowed: "
+                             + ", ".join(POWERSGD_WRAPPERS))
+        return None, PowerSGDSpec(hook, wrapper, dict(kwargs.comm_state_option or {}))
+    raise ValueError(f"DistributedDataParallelKwargs(comm_hook={hook!r}): unknown hook; allowed: no, fp16, bf16, "
+                     "power_sgd, batched_power_sgd")
 
 
 @dataclass(frozen=True)
@@ -77,13 +86,15 @@ class DDPConfig(StrategyConfig):
     bucket_cap_mb: float = 25.0       # DistributedDataParallelKwargs.bucket_cap_mb
     broadcast_buffers: bool = True    # DistributedDataParallelKwargs.broadcast_buffers
     compress_dtype: Optional[torch.dtype] = None  # DistributedDataParallelKwargs.comm_hook: fp16 / bf16 reduction
+    powersgd: Optional[PowerSGDSpec] = None       # ... comm_hook power_sgd / batched_power_sgd (ddp/powersgd.py)
 
     @classmethod
     def _fields(cls, handlers: Mapping[str, Any], env: Optional[Mapping[str, str]]) -> dict[str, Any]:
         fields = super()._fields(handlers, env)
         kw = handlers.get("DistributedDataParallelKwargs")
         fields.update(grad_sync=settings.get("GRAD_SYNC", env), transport=settings.get("COMM", env),
-                      sharded_step=settings.get("SHARDED_STEP", env), compress_dtype=_compress_dtype(kw))
+                      sharded_step=settings.get("SHARDED_STEP", env))
+        fields["compress_dtype"], fields["powersgd"] = _comm_hook(kw)
         if kw is not None:
             try:
                 fields["bucket_cap_mb"] = float(kw.bucket_cap_mb)

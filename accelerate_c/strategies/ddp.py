@@ -37,6 +37,10 @@ class DataParallel(Strategy):
 
     def make_sync(self, params: list[torch.nn.Parameter]) -> GradSync:
         self.group = self.dp.process_group  # the data-parallel ranks (torch's WORLD under plain data parallelism)
+        if self.config.powersgd is not None:
+            raise NotImplementedError("DistributedDataParallelKwargs(comm_hook=power_sgd / batched_power_sgd) runs on "
+                                      "the bucketed gradient sync (ACCELERATE_C_GRAD_SYNC=bucketed, the default), not "
+                                      "on the reference one")
         return GradSync(params, self.group, self.dp.size, compress=self.config.compress_dtype)
 
     def broadcast(self, tensors: list[torch.Tensor], src: int = 0) -> None:

@@ -97,8 +97,12 @@ class BucketedDataParallel(DataParallel):
 
     def make_sync(self, params: list[torch.nn.Parameter]) -> BucketedGradSync:
         self._bucket_group()
+        powersgd = None
+        if self.config.powersgd is not None:
+            from ..ddp.powersgd import PowerSGDSync
+            powersgd = PowerSGDSync(self.config.powersgd, self.dp.process_group)
         return BucketedGradSync(params, self.bucket_group, self.config.bucket_cap_mb,
-                                compress=self.config.compress_dtype)
+                                compress=self.config.compress_dtype, powersgd=powersgd)
 
     def _cached_group(self) -> bool:
         """Whether the buckets' group is get_group()'s (cached, released at close)."""

@@ -29,7 +29,10 @@ def main(argv: list) -> None:
     p.add_argument("--mixed_precision", default="no")
     p.add_argument("--no_scheduler", action="store_true",
                    help="HF steps schedulers num_processes times per step, so N-vs-1 parity runs without one")
-    p.add_argument("--comm_hook", default="no", help="DistributedDataParallelKwargs(comm_hook=...): no|fp16|bf16")
+    p.add_argument("--comm_hook", default="no",
+                   help="DistributedDataParallelKwargs(comm_hook=...): no|fp16|bf16|power_sgd|batched_power_sgd")
+    p.add_argument("--comm_wrapper", default="no", help="DistributedDataParallelKwargs(comm_wrapper=...): no|fp16|bf16")
+    p.add_argument("--comm_state", default="{}", help="DistributedDataParallelKwargs(comm_state_option=...), JSON")
     p.add_argument("--report_group", action="store_true",
                    help="accelerate_c only: write out/group<rank>.txt naming the DDP transport and comm group")
     p.add_argument("--timeout", type=float, default=None,
@@ -38,7 +41,8 @@ def main(argv: list) -> None:
     acc = importlib.import_module(args.impl)
     # the enum: HF's hook table is keyed by DDPCommunicationHookType, and a plain string is silently ignored there
     hook = acc.DDPCommunicationHookType(args.comm_hook)
-    handlers = [acc.DistributedDataParallelKwargs(comm_hook=hook)] if args.comm_hook != "no" else []
+    handlers = [acc.DistributedDataParallelKwargs(comm_hook=hook, comm_wrapper=acc.DDPCommunicationHookType(
+        args.comm_wrapper), comm_state_option=json.loads(args.comm_state))] if args.comm_hook != "no" else []
     if args.timeout is not None:
         handlers.append(acc.InitProcessGroupKwargs(timeout=timedelta(seconds=args.timeout)))
     accelerator = acc.Accelerator(gradient_accumulation_steps=args.grad_accum, mixed_precision=args.mixed_precision,
