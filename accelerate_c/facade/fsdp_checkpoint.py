@@ -22,6 +22,7 @@ from ..checkpointing.stfile import TensorFile
 from ..runtime.models import is_peft_model
 
 FSDP_MODEL_NAME = "pytorch_model_fsdp"
+FSDP_MODEL_FILE = "model.safetensors"  # the one file of a pytorch_model_fsdp_<index> folder
 
 
 def _folder(base: str, index: int) -> str:
@@ -46,14 +47,14 @@ def save_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: torch.nn.Module, 
         tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
         folder = os.path.join(output_dir, _folder(FSDP_MODEL_NAME, model_index))
         os.makedirs(folder, exist_ok=True)
-        save_file(tensors, os.path.join(folder, "model.safetensors"))
+        save_file(tensors, os.path.join(folder, FSDP_MODEL_FILE))
     accelerator.wait_for_everyone()
 
 
 def load_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: torch.nn.Module, input_dir: str, model_index: int = 0,
                     adapter_only: bool = False, use_dcp: bool = True) -> Any:
     """The state dict save_fsdp_model wrote, loaded into the prepared model on every process."""
-    path = os.path.join(input_dir, _folder(FSDP_MODEL_NAME, model_index), "model.safetensors")
+    path = os.path.join(input_dir, _folder(FSDP_MODEL_NAME, model_index), FSDP_MODEL_FILE)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"load_fsdp_model: {path} not found (written by save_fsdp_model)")
     with TensorFile(path) as fh:

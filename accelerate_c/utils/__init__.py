@@ -38,6 +38,7 @@ _LAZY = {
                   "WEIGHTS_INDEX_NAME", "WEIGHTS_NAME", "WEIGHTS_PATTERN_NAME", "PROFILE_PATTERN_NAME"),
     "accelerate_c.checkpointing.model": ("clean_state_dict_for_safetensors",),
     "accelerate_c.commands.config": ("write_basic_config",),
+    "accelerate_c.commands.merge_weights": ("merge_fsdp_weights",),
     "sharding_plugins": ("FullyShardedDataParallelPlugin",),
     "deepspeed_plugin": ("DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "get_active_deepspeed_plugin"),
     "accelerate_c.deepspeed.schema": ("HfDeepSpeedConfig",),
