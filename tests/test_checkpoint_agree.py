@@ -2,7 +2,9 @@
 # the same CheckpointError and nothing loaded on any rank (tests/scripts/load_agree.py), under plain DDP and under
 # ZeRO-3 (the case of a piece file deleted, where a script that catches the error used to go on with a model mixed
 # from the checkpoint and its fresh values). One launch per strategy covers every case. The intact checkpoint then
-# restores rank 0 exactly (before, the balanced writer layout could save rank 1's BatchNorm statistics).
+# restores rank 0 exactly (before, the balanced writer layout could save rank 1's BatchNorm statistics). A save given
+# a different directory on each rank stops every rank with an error naming it and leaves nothing (before, rank 1 died
+# alone on a SafetensorError and rank 0 waited at the next barrier).
 import json
 import os
 import sys
@@ -32,6 +34,9 @@ def test_every_rank_raises_the_same_error_and_keeps_its_state(tmp_path, flags):
         assert errors[0].startswith("CheckpointError") and pattern.split(".*")[-1] in errors[0], (case, errors)
         assert all(run["cases"][case]["unchanged"] for run in runs), (case, runs)
     assert runs[1]["cases"]["rng_of_rank1"]["error"].count("rank 1") >= 1
+    for run in runs:
+        assert run["per_rank_save"]["left"] == [] and "not the directory the main process is writing" in \
+            (run["per_rank_save"]["error"] or ""), run["per_rank_save"]
     # the intact checkpoint restores rank 0 exactly; rank 1 gets rank 0's BatchNorm statistics (replicas' buffers
     # drift apart; rank 0's are saved, as DDP broadcasts them before the next forward and HF saves them)
     assert runs[0]["restored"], runs[0]

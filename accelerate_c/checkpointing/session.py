@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -34,8 +35,10 @@ import torch
 from . import atomic
 from . import scaling
 from . import universal
+from .agreement import agree
 from .directory import (CHECKPOINT_FILE, CHECKPOINT_FORMAT, CHECKPOINT_VERSION, clear_interrupted, is_coordinator,
                         listed_files, output_dir_for, rotate)
+from .errors import CheckpointError
 from .format import write_json, write_state
 from .layout import strategy_of
 from .pieces import rank_file, read_rank_meta, write_rank_file
@@ -127,6 +130,18 @@ def _open_temp_dir(accelerator: Any, coord: bool, output_dir: str, auto_root: Op
             clear_interrupted(auto_root)
         atomic.prepare_temp_dir(output_dir, CHECKPOINT_FILE)
     accelerator.wait_for_everyone()
+    # one checkpoint that every rank writes into: a rank given another directory (or one on a file system the main
+    # process does not share) would fail later, alone and obscurely; all ranks stop here, and nothing is left behind
+    error = None if os.path.isdir(tmp) else CheckpointError(
+        f"save_state: output_dir {output_dir!r} on this rank is not the directory the main process is writing "
+        f"(no {os.path.basename(tmp)!r} in it): give every rank the same output_dir, on a file system all ranks see")
+    try:
+        agree(accelerator, error, "save_state", "nothing was saved")
+    except BaseException:
+        if coord:
+            atomic.release(tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return tmp
 
 

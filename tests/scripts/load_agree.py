@@ -82,6 +82,18 @@ def main() -> None:
             error = f"{type(e).__name__}: {e}"
         record["cases"][case] = {"error": error, "unchanged": digest(acc, model, opt, sched) == before}
         acc.wait_for_everyone()
+    # a save given a different directory on each rank (HF's test scripts do this with their own temp dirs): every
+    # rank raises, nothing is left in either directory or beside it
+    mine = os.path.join(args.out, f"per_rank{acc.process_index}", "ck")
+    try:
+        acc.save_state(mine)
+        error = None
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    acc.wait_for_everyone()
+    record["per_rank_save"] = {"error": error, "left": sorted(
+        os.path.relpath(os.path.join(d, f), args.out) for r in range(acc.num_processes)
+        for d, _, fs in os.walk(os.path.join(args.out, f"per_rank{r}")) for f in [*fs, *_])}
     if acc.is_main_process:
         shutil.rmtree(ck)
         shutil.copytree(spare, ck)
