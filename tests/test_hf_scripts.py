@@ -44,3 +44,14 @@ def test_hf_scripts_pass_under_face(face, tmp_path):
     done = sorted(p.name for p in marks.iterdir())
     want = sorted(f"{s}.{r}" for s in scripts for r in range(2))
     assert rc == 0 and done == want, f"{face}: finished {done}, expected {want}\n" + describe_all([job])
+
+
+def test_hf_notebook_script(tmp_path):
+    """HF's test_notebook as HF runs it (one plain process, ACCELERATE_NUM_PROCESSES=2): our notebook_launcher with
+    both rendezvous backends, restarts after failures (max_restarts) and a failed process stopping its peer."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    cmd = [sys.executable, os.path.join(SCRIPTS, "hf_scripts.py"), "--marks", str(marks), "test_notebook"]
+    job = Job(cmd, str(tmp_path), "hf_notebook", clean_env(ACCELERATE_NUM_PROCESSES="2"))
+    (rc, out, err), = finish_all([job], 300)
+    assert rc == 0 and [p.name for p in marks.iterdir()] == ["test_notebook.0"], describe_all([job])

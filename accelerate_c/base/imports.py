@@ -113,6 +113,13 @@ def is_cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def is_rocm_available() -> bool:
+    """A CUDA device that torch reaches through ROCm (HIP)."""
+    import torch
+
+    return torch.version.hip is not None and torch.cuda.is_available()
+
+
 def _torch_backend(name: str) -> Callable[[], bool]:
     def probe(check_device: bool = False) -> bool:
         import torch

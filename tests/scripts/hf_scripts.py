@@ -1,10 +1,12 @@
 # tests/scripts/hf_scripts.py: runs HF Accelerate 1.15's own distributed test scripts (shipped in its wheel:
 # accelerate/test_utils/scripts/test_script.py, test_sync.py, test_ops.py, test_distributed_data_loop.py,
-# test_ddp_comm_hook.py, test_merge_weights.py) on accelerate_c, unchanged but for the departures `_adapt` names: every runtime
+# test_ddp_comm_hook.py, test_merge_weights.py, test_notebook.py) on accelerate_c, unchanged but for the departures `_adapt` names: every runtime
 # name those scripts and HF's test helpers use (Accelerator, AcceleratorState, gather, DistributedType, ...) is
 # replaced, in HF's modules, by accelerate_c's object of the same name; HF's test helpers themselves
 # (RegressionModel, RegressionDataset, are_the_same_tensors, assert_exception) stay HF's. Launch it as a user would:
 #   python -m accelerate_c launch --num_processes 2 [--use_fsdp ... | --use_deepspeed ...] hf_scripts.py test_script
+# (test_notebook is run as HF runs it, in one plain process: ACCELERATE_NUM_PROCESSES=2 python hf_scripts.py
+# test_notebook; its notebook_launcher starts the processes)
 # Prints "HF_SCRIPT_OK <name>" on every rank when the script's main() (or its __main__ block) returned.
 # Not for: HF's GPU-only checks (the scripts skip those themselves on CPU).
 from __future__ import annotations
@@ -19,7 +21,7 @@ import types
 from typing import Any
 
 SCRIPTS = ("test_script", "test_sync", "test_ops", "test_distributed_data_loop", "test_ddp_comm_hook",
-           "test_merge_weights")
+           "test_merge_weights", "test_notebook")
 
 
 def _ours(hf_module: str, name: str) -> Any:
