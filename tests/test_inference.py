@@ -5,16 +5,10 @@
 # for BERT (a non-contiguous mask crosses the cut).
 # Not for: pipeline-parallel training (test_pp_accelerator.py).
 import os
-import sys
 
-from conftest import SCRIPTS, Job, clean_env, describe_all, finish_all
+from conftest import run_script
 
 
 def test_prepare_pippy_matches_the_unsplit_model(tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    cmd = [sys.executable, "-m", "accelerate_c", "launch", "--num_processes", "2", "--main_process_port", "0",
-           os.path.join(SCRIPTS, "pippy_infer.py"), "--out", str(out)]
-    job = Job(cmd, str(tmp_path), "pippy", clean_env())
-    (rc, _, _), = finish_all([job], 300)
-    assert rc == 0 and sorted(os.listdir(out)) == ["ok0.txt", "ok1.txt"], describe_all([job])
+    run_script("pippy_infer.py", ["--out", str(tmp_path)], nproc=2, launcher="accelerate_c")
+    assert sorted(os.listdir(tmp_path)) == ["ok0.txt", "ok1.txt"]

@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from conftest import SCRIPTS, Job, clean_env, describe_all, finish_all
+from conftest import clean_env, run_script
 
 _LOAD = """
 import pickle, sys, torch
@@ -29,14 +29,9 @@ print("TRAINED", acc.step, float(model[0].weight.sum()))
 
 
 def test_many_prepares_and_pickling_on_two_processes(tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    cmd = [sys.executable, "-m", "accelerate_c", "launch", "--num_processes", "2", "--main_process_port", "0",
-           os.path.join(SCRIPTS, "lifetimes.py"), "--out", str(out)]
-    job = Job(cmd, str(tmp_path), "lifetimes", clean_env())
-    (rc, _, _), = finish_all([job], 300)
-    assert rc == 0 and sorted(os.listdir(out)) == ["accelerator0.pkl", "accelerator1.pkl", "ok0.txt", "ok1.txt"], \
-        describe_all([job])
+    out = tmp_path
+    run_script("lifetimes.py", ["--out", str(out)], nproc=2, launcher="accelerate_c")
+    assert sorted(os.listdir(out)) == ["accelerator0.pkl", "accelerator1.pkl", "ok0.txt", "ok1.txt"]
     r = subprocess.run([sys.executable, "-c", "import pickle, sys; pickle.loads(open(sys.argv[1], 'rb').read())",
                         str(out / "accelerator0.pkl")], capture_output=True, text=True, timeout=120, env=clean_env())
     assert r.returncode != 0 and "can be unpickled only in that process" in r.stderr, r.stderr[-2000:]
