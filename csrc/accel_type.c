@@ -21,7 +21,6 @@ typedef struct {
     Py_ssize_t num_processes;
     Py_ssize_t process_index;
     Py_ssize_t local_process_index;
-    Py_ssize_t optimizer_steps;            /* completed (synchronised) optimizer steps */
     char sync_gradients;
     char sync_with_dataloader;
     char end_of_dataloader;
@@ -79,15 +78,15 @@ static PyObject *Accelerator_do_sync(PyObject *op, PyObject *const *args, Py_ssi
 /* Pickling (HF's Accelerator pickles, e.g. inside a skorch net): __getstate__ returns (instance dict or None,
  * the C fields as a tuple of ints); __setstate__ restores both. What the dict holds decides the rest (process
  * groups pickle as references to the live ones: base/process_local.py). */
-#define ACC_NFIELDS 10
+#define ACC_NFIELDS 9
 
 static Py_ssize_t *acc_field(AcceleratorObject *self, int i, char **flag) {
     Py_ssize_t *ints[] = {&self->step, &self->gradient_accumulation_steps, &self->num_processes,
-                          &self->process_index, &self->local_process_index, &self->optimizer_steps};
+                          &self->process_index, &self->local_process_index};
     char *flags[] = {&self->sync_gradients, &self->sync_with_dataloader, &self->end_of_dataloader,
                      &self->sync_each_batch};
-    *flag = i >= 6 ? flags[i - 6] : NULL;
-    return i < 6 ? ints[i] : NULL;
+    *flag = i >= 5 ? flags[i - 5] : NULL;
+    return i < 5 ? ints[i] : NULL;
 }
 
 static PyObject *Accelerator_getstate(PyObject *op, PyObject *unused) {
@@ -158,7 +157,6 @@ static PyMemberDef Accelerator_members[] = {
     {"_num_processes", T_PYSSIZET, offsetof(AcceleratorObject, num_processes), 0, NULL},
     {"_process_index", T_PYSSIZET, offsetof(AcceleratorObject, process_index), 0, NULL},
     {"_local_process_index", T_PYSSIZET, offsetof(AcceleratorObject, local_process_index), 0, NULL},
-    {"_optimizer_steps", T_PYSSIZET, offsetof(AcceleratorObject, optimizer_steps), 0, NULL},
     {"_sync_gradients", T_BOOL, offsetof(AcceleratorObject, sync_gradients), 0, NULL},
     {"_sync_with_dataloader", T_BOOL, offsetof(AcceleratorObject, sync_with_dataloader), 0, NULL},
     {"_end_of_dataloader", T_BOOL, offsetof(AcceleratorObject, end_of_dataloader), 0, NULL},
