@@ -66,7 +66,7 @@ if kind == "ddp":
     rss.append(mapping_rss(ptrs))
     # every shared region of the host group (this rank's part): the parameters, the gradient buckets and the
     # state slots themselves, nothing copied beside them
-    parts = sum(part for _, _, part in split.shards.shm._regions)
+    parts = sum(r.part for r in split.shards.shm._regions)
     res.update(state_rss=rss, state_bytes=full, region_part_bytes=parts,
                n_regions=len(split.shards.shm._regions),
                param_bytes=sum(p.numel() * 4 for p in acc.unwrap_model(model).parameters()))
