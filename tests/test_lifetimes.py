@@ -17,8 +17,11 @@ from conftest import clean_env, run_script
 
 _LOAD = """
 import pickle, sys, torch
+from accelerate_c.state import PartialState
+PartialState(cpu=True)._shared_state["made_here"] = True  # a state made before unpickling: its values win
 acc, model, opt, loader = pickle.loads(open(sys.argv[1], "rb").read())
 assert acc._models[0] is model and acc.gradient_state._owner() is acc and acc.num_processes == 1
+assert acc.state.__dict__.get("made_here") and acc.state.mixed_precision == "no"
 for batch in loader:
     with acc.accumulate(model):
         acc.backward(model(batch).sum())

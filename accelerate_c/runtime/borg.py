@@ -24,10 +24,14 @@ def _snapshot(state: dict) -> dict:
 
 
 def _restore_shared(snaps: list) -> Any:
-    for cls, snap in snaps:
-        if not cls._shared_state:
-            cls._shared_state.update(snap)
-    cls = snaps[0][0]
+    (cls, snap), bases = snaps[0], snaps[1:]
+    for base, base_snap in bases:
+        if not base._shared_state:
+            base._shared_state.update(base_snap)
+    if not cls._shared_state:
+        cls._shared_state.update(snap)
+        for base, _ in bases:  # the process's own values win (a PartialState made here before unpickling)
+            cls._shared_state.update(base._shared_state)
     obj = cls.__new__(cls)
     obj.__dict__ = cls._shared_state
     return obj
