@@ -31,6 +31,7 @@ _LAZY = {
     "cpu_offload_with_hook": ".big_modeling", "disk_offload": ".big_modeling", "dispatch_model": ".big_modeling",
     "load_checkpoint_and_dispatch": ".big_modeling", "infer_auto_device_map": ".utils.modeling",
     "load_checkpoint_in_model": ".utils.modeling",
+    "prepare_pippy": ".inference", "is_rich_available": ".utils",
 }
 
 if TYPE_CHECKING:  # the static view of the same names
@@ -61,4 +62,4 @@ __all__ = ["Accelerator", "AcceleratorState", "AutocastKwargs", "DDPCommunicatio
            "ProfileKwargs", "ProjectConfiguration", "debug_launcher", "find_executable_batch_size",
            "notebook_launcher", "skip_first_batches", "synchronize_rng_states", "cpu_offload", "cpu_offload_with_hook",
            "disk_offload", "dispatch_model", "infer_auto_device_map", "init_empty_weights", "init_on_device",
-           "load_checkpoint_and_dispatch", "load_checkpoint_in_model"]
+           "load_checkpoint_and_dispatch", "load_checkpoint_in_model", "prepare_pippy", "is_rich_available"]

@@ -102,6 +102,26 @@ def test_load_checkpoint_and_dispatch_offloads_and_matches_the_full_model(saved,
     assert taken and sum(t is not None for t in taken) >= len(taken) // 2, [t is not None for t in taken]
 
 
+def test_prepare_keeps_a_dispatched_model_where_its_hooks_put_it(saved, tmp_path, clean_state, monkeypatch):
+    """A model dispatched over CPU and disk, prepared for evaluation (as the Trainer does with a device-mapped
+    model): HF leaves it in place; ours moved it and failed ("can't move a model that has some modules
+    offloaded"). verify_device_map answers as HF's; a distributed run refuses such a model with HF's error."""
+    outs = {}
+    for lib in (hf, ac):
+        model = lib.load_checkpoint_and_dispatch(_empty(lib), saved["single"], device_map="auto",
+                                                 max_memory={"cpu": "300KB"}, no_split_module_classes=NO_SPLIT,
+                                                 offload_folder=str(tmp_path / lib.__name__))
+        acc = lib.Accelerator(cpu=True)
+        assert acc.verify_device_map(model) and not acc.verify_device_map(torch.nn.Linear(2, 2))
+        prepared = acc.prepare_model(model, evaluation_mode=True)
+        with torch.no_grad():
+            outs[lib.__name__] = prepared(saved["tokens"]).logits
+    assert torch.equal(outs["accelerate_c"], saved["logits"]) and torch.equal(outs["accelerate"], saved["logits"])
+    monkeypatch.setitem(acc.state.__dict__, "num_processes", 2)  # (the check reads only the process count)
+    with pytest.raises(ValueError, match="loaded with `device_map='auto'` in any distributed mode"):
+        acc.prepare_model(model, evaluation_mode=True)
+
+
 def test_tied_weights_offloaded_with_the_whole_model(tmp_path):
     """save_pretrained stores one name of a tied pair; with everything on disk the other name must still be found
     (HF 1.15 fails earlier here: "device disk is invalid")."""

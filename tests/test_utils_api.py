@@ -32,6 +32,41 @@ def test_hf_names_are_exported():
     assert callable(ac_utils.tqdm) and not isinstance(ac_utils.tqdm, type(os)), "utils.tqdm must be the function"
 
 
+def test_every_public_name_of_hfs_accelerator_states_and_package_exists():
+    """Every public attribute of HF 1.15's Accelerator, PartialState, AcceleratorState, GradientState and top-level
+    package exists on ours (GradientState.is_xla_gradients_synced is XLA's). Before, verify_device_map,
+    maybe_context_parallel, deepspeed_ulysses_dl_adapter, lomo_backward, set_device, prepare_pippy and
+    is_rich_available were missing."""
+    import accelerate
+    import accelerate.state as hf_state
+
+    import accelerate_c.state as ac_state
+
+    pairs = [(accelerate.Accelerator, accelerate_c.Accelerator), (accelerate, accelerate_c)]
+    pairs += [(getattr(hf_state, c), getattr(ac_state, c)) for c in ("PartialState", "AcceleratorState")]
+    for hf, ours in pairs:
+        missing = [n for n in dir(hf) if not n.startswith("_") and not hasattr(ours, n)]
+        assert not missing or missing == ["fork_launched"], (hf, missing)  # (ours: an attribute of the instance)
+    assert {n for n in dir(hf_state.GradientState) if not n.startswith("_")} - set(dir(ac_state.GradientState)) == \
+        {"is_xla_gradients_synced"}
+
+
+def test_features_accelerate_c_does_not_run_behave_as_hfs_when_off(caplog):
+    acc = accelerate_c.Accelerator(cpu=True)
+    loader = [1, 2]
+    assert acc.deepspeed_ulysses_dl_adapter(loader, None) is loader
+    with acc.maybe_context_parallel(buffers=[torch.zeros(2, 4)], buffer_seq_dims=[1]):
+        pass
+    with pytest.raises(ValueError, match="A learning rate must be passed"):
+        acc.lomo_backward(torch.zeros(()), None)
+    with pytest.raises(ValueError, match="Are you sure you passed a LOMO optimizer"):
+        acc.lomo_backward(torch.zeros(()), 1e-3)
+    state = accelerate_c.PartialState()
+    device = state.device
+    state.set_device()
+    assert state.device == device
+
+
 # ---------------------------------------------------------------------------------------- find_executable_batch_size
 def _oom_trace(utils, start: int, limit: int, message: str, **kw) -> tuple:
     tried = []

@@ -68,7 +68,7 @@ _PACKAGES: dict[str, tuple[str, Optional[str]]] = {
     "comet_ml": ("comet_ml", None), "datasets": ("datasets", None), "deepspeed": ("deepspeed", None),
     "dvclive": ("dvclive", None), "lomo": ("lomo_optim", "lomo-optim"), "matplotlib": ("matplotlib", None),
     "megatron_lm": ("megatron", "megatron-core"), "mlflow": ("mlflow", None), "msamp": ("msamp", None),
-    "numpy": ("numpy", None), "pandas": ("pandas", None), "peft": ("peft", None), "pippy": ("pippy", None),
+    "numpy": ("numpy", None), "pandas": ("pandas", None), "peft": ("peft", None),
     "pynvml": ("pynvml", "nvidia-ml-py"), "pytest": ("pytest", None), "rich": ("rich", None),
     "safetensors": ("safetensors", None), "sagemaker": ("sagemaker", None), "schedulefree": ("schedulefree", None),
     "swanlab": ("swanlab", None), "tensorboard": ("tensorboard", None), "timm": ("timm", None),
@@ -175,6 +175,11 @@ def is_torch_distributed_available() -> bool:
     import torch.distributed as dist
 
     return dist.is_available()
+
+
+def is_pippy_available() -> bool:
+    """torch.distributed.pipelining, which prepare_pippy uses (HF's answer: torch >= 2.4)."""
+    return is_torch_version(">=", "2.4.0")
 
 
 def is_weights_only_available() -> bool:

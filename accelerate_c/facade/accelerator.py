@@ -18,6 +18,7 @@ from ..optimizer import AcceleratedOptimizer
 from ..precision import make_precision
 from .parallel import ModelParallel, parallel_plugins
 from .plugins import sharding_plugins
+from .feature_api import FeatureAPI
 from .probes import AcceleratorProbes
 from .run_properties import RunProperties
 from .process_api import ProcessAPI
@@ -65,7 +66,8 @@ def _accumulation_plugin(plugin: Optional[GradientAccumulationPlugin], steps: in
     return plugin
 
 
-class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, TrackingAPI, _C.Accelerator):
+class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, TrackingAPI, FeatureAPI,
+                  _C.Accelerator):
     """Drop-in replacement for `accelerate.Accelerator` (same arguments, same behaviour)."""
 
     def __init__(self, device_placement: bool = True, split_batches: Any = _UNSET,
@@ -217,8 +219,7 @@ class Accelerator(RunProperties, AcceleratorProbes, ProcessAPI, CheckpointAPI, T
 
     def prepare_model(self, model: torch.nn.Module, device_placement: Optional[bool] = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:
-        if device_placement is None:
-            device_placement = self.device_placement
+        device_placement = self._places(model, self.device_placement if device_placement is None else device_placement)
         self._models.append(model)
         model = self.model_parallel.prepare_model(model, self.handlers)
         model = self.precision.prepare_model(model)

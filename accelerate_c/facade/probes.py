@@ -60,6 +60,22 @@ class AcceleratorProbes:
         except ValueError:
             raise ValueError(f"unknown fp8 backend {backend!r}; allowed: {[b.value for b in FP8BackendType]}") from None
 
+    @staticmethod
+    def verify_device_map(model: Any) -> bool:
+        """HF's: whether `model` (or a submodule) was dispatched over more than one device (`hf_device_map`)."""
+        return any(len(getattr(m, "hf_device_map", None) or ()) > 1 for m in model.modules())
+
+    def _places(self, model: Any, device_placement: bool) -> bool:
+        """prepare_model's device placement for `model`: a dispatched model stays where its hooks put it, and is
+        refused in a distributed run (HF's error; ACCELERATE_BYPASS_DEVICE_MAP=true skips the check, as HF)."""
+        if not self.verify_device_map(model):
+            return device_placement
+        if self.state.num_processes > 1 and not settings.env_flag("ACCELERATE_BYPASS_DEVICE_MAP"):
+            raise ValueError("You can't train a model that has been loaded with `device_map='auto'` in any distributed "
+                             "mode. Please rerun your script specifying `--num_processes=1` or by launching with "
+                             "`python {{myscript.py}}`.")
+        return False
+
     @property
     def should_save_model(self) -> bool:
         # HF: the local main process without a parallelism config, else every process

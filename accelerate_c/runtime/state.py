@@ -139,6 +139,11 @@ class PartialState:
         """The device a single process computes on (runtime/device.py's choice): cuda, mps or cpu."""
         return select_device(self._cpu, 0, False)
 
+    def set_device(self) -> None:
+        """HF's: sets `device` for this process when it is not set (ours is chosen when the state is made)."""
+        if self.__dict__.get("device") is None:
+            self.device = select_device(self._cpu, self.local_process_index, self.num_processes > 1)
+
     def wait_for_everyone(self) -> None:
         """Blocks until every process got here: the barrier of accelerate_c.comm's default group (shared
         memory within a host, ~us; its waiters sleep on a futex, so main_process_first costs the others no
