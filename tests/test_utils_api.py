@@ -51,6 +51,42 @@ def test_every_public_name_of_hfs_accelerator_states_and_package_exists():
         {"is_xla_gradients_synced"}
 
 
+def _params(f) -> dict:
+    import inspect
+    try:
+        return {p.name: p for p in inspect.signature(f).parameters.values()
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    except (TypeError, ValueError):
+        return None  # (no signature to read)
+
+
+def test_every_keyword_of_hfs_functions_and_methods_is_accepted():
+    """For each function of HF's accelerate.utils that ours has, and each method of the Accelerator and the states,
+    every parameter of HF's signature exists in ours (a caller's keyword must not be a TypeError). Before,
+    str_to_bool(to_bool=), is_bnb_available(min_version=) and is_hpu_available(init_hccl=) were missing."""
+    import accelerate
+    import accelerate.state as hf_state
+
+    import accelerate_c.state as ac_state
+
+    pairs = [(getattr(hf_utils, n), getattr(ac_utils, n)) for n in dir(hf_utils)
+             if not n.startswith("_") and n in dir(ac_utils) and callable(getattr(hf_utils, n))
+             and not isinstance(getattr(hf_utils, n), type)]
+    for hf_cls, ours_cls in [(accelerate.Accelerator, accelerate_c.Accelerator)] + [
+            (getattr(hf_state, c), getattr(ac_state, c)) for c in ("PartialState", "AcceleratorState", "GradientState")]:
+        pairs += [(getattr(hf_cls, n), getattr(ours_cls, n)) for n in dir(hf_cls)
+                  if (not n.startswith("_") or n == "__init__") and hasattr(ours_cls, n)
+                  and callable(getattr(hf_cls, n)) and not isinstance(getattr(hf_cls, n), type)]
+    sigs = [(hf, _params(hf), _params(ours)) for hf, ours in pairs]
+    missing = [(getattr(hf, "__qualname__", hf), sorted(set(h) - set(o) - {"self"}))
+               for hf, h, o in sigs if h is not None and o is not None and set(h) - set(o) - {"self"}]
+    assert not missing, missing
+    assert ac_utils.str_to_bool("Yes", to_bool=True) is hf_utils.str_to_bool("Yes", to_bool=True) is True
+    assert ac_utils.str_to_bool("off") == hf_utils.str_to_bool("off") == 0
+    assert ac_utils.is_safetensors_available() and ac_utils.is_safetensors_available(min_version="0.1")
+    assert not ac_utils.is_safetensors_available(min_version="999.0")
+
+
 def test_features_accelerate_c_does_not_run_behave_as_hfs_when_off(caplog):
     acc = accelerate_c.Accelerator(cpu=True)
     loader = [1, 2]

@@ -34,13 +34,14 @@ def is_package_available(module: str, metadata_name: Optional[str] = None) -> bo
     return True
 
 
-def str_to_bool(value: str) -> int:
-    """1 for y/yes/t/true/on/1, 0 for n/no/f/false/off/0 (case-insensitive); anything else is a ValueError."""
+def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
+    """1 for y/yes/t/true/on/1, 0 for n/no/f/false/off/0 (case-insensitive; True / False with `to_bool`);
+    anything else is a ValueError."""
     v = str(value).lower()
     if v in TRUE_WORDS:
-        return 1
+        return True if to_bool else 1
     if v in FALSE_WORDS:
-        return 0
+        return False if to_bool else 0
     raise ValueError(f"invalid truth value {value!r}")
 
 
@@ -80,11 +81,13 @@ _PACKAGES: dict[str, tuple[str, Optional[str]]] = {
 
 
 def _package_probe(name: str, module: str, dist: Optional[str]) -> Callable[[], bool]:
-    def probe() -> bool:
-        return is_package_available(module, dist)
+    def probe(min_version: Optional[str] = None) -> bool:
+        if not is_package_available(module, dist):
+            return False
+        return min_version is None or compare_versions(dist or module, ">=", min_version)
 
     probe.__name__ = probe.__qualname__ = f"is_{name}_available"
-    probe.__doc__ = f"True when the `{dist or module}` package is installed."
+    probe.__doc__ = f"True when the `{dist or module}` package is installed (at `min_version` or later, if given)."
     return probe
 
 
@@ -121,7 +124,7 @@ def is_rocm_available() -> bool:
 
 
 def _torch_backend(name: str) -> Callable[[], bool]:
-    def probe(check_device: bool = False) -> bool:
+    def probe(check_device: bool = False, init_hccl: bool = False) -> bool:  # (init_hccl: HF's hpu keyword)
         import torch
 
         mod = getattr(torch, name, None)

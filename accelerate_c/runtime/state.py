@@ -208,10 +208,10 @@ class PartialState:
 
         yield split(inputs)
 
-    def on_main_process(self, function: Callable) -> Callable:
+    def on_main_process(self, function: Optional[Callable] = None) -> Callable:
         return function if self.is_main_process else (lambda *a, **k: None)
 
-    def on_local_main_process(self, function: Callable) -> Callable:
+    def on_local_main_process(self, function: Optional[Callable] = None) -> Callable:
         return function if self.is_local_main_process else (lambda *a, **k: None)
 
     def on_last_process(self, function: Callable) -> Callable:
