@@ -16,16 +16,19 @@ from .runtime.state import GradientState
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):
-    def __init__(self, optimizer: torch.optim.Optimizer, precision: Any = None, strategy: Any = None,
-                 device_placement: bool = True, device: Optional[torch.device] = None) -> None:
-        """precision / strategy: the Accelerator's objects; without them (a wrapper built by hand) full precision
-        and the single-process step, configured from the environment."""
+    def __init__(self, optimizer: torch.optim.Optimizer, device_placement: bool = True, scaler: Any = None, *,
+                 precision: Any = None, strategy: Any = None, device: Optional[torch.device] = None) -> None:
+        """HF's signature (optimizer, device_placement, scaler). precision / strategy: the Accelerator's objects;
+        without them (a wrapper built by hand) full precision, or fp16 loss scaling with the given `scaler`, and
+        the single-process step, configured from the environment."""
         if precision is None:
-            from .precision.policy import Precision
-            precision = Precision(device or torch.device("cpu"), {})
+            from .precision.policy import FP16Precision, Precision
+            precision = (Precision if scaler is None else FP16Precision)(device or torch.device("cpu"), {})
+            if scaler is not None:
+                precision.scaler = scaler
         if strategy is None:
-            from .strategies.base import Strategy, StrategyContext
-            strategy = Strategy(StrategyContext(state=None))
+            from .strategies.base import Strategy, StrategyContext, standalone_state
+            strategy = Strategy(StrategyContext(state=standalone_state(device)))
         self.optimizer = optimizer
         self.precision = precision
         self.scaler = precision.scaler

@@ -342,3 +342,29 @@ def test_subpackages_reachable_as_attributes_in_a_fresh_interpreter():
     code = "import accelerate_c; print(accelerate_c.utils.FullyShardedDataParallelPlugin.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "FullyShardedDataParallelPlugin", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("with_scaler", [False, True])
+def test_a_hand_built_accelerated_optimizer_steps_like_hfs(with_scaler):
+    """AcceleratedOptimizer(optimizer, device_placement, scaler), HF's positional signature, built by hand (an
+    Accelerator exists, as HF requires): 3 AdamW steps give HF's weights and scale. Before, its step failed
+    (the hand-built wrapper's strategy had no process state) and the second positional argument was taken as our
+    precision object."""
+    out = {}
+    for mod_name in ("accelerate", "accelerate_c"):
+        mod = importlib.import_module(mod_name)
+        mod.Accelerator(cpu=True)
+        wrapper = importlib.import_module(f"{mod_name}.optimizer").AcceleratedOptimizer
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16) if with_scaler else None
+        opt = wrapper(torch.optim.AdamW(model.parameters(), lr=0.1), True, scaler)
+        for _ in range(3):
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            (scaler.scale(loss) if scaler else loss).backward()
+            opt.step()
+            opt.zero_grad()
+        out[mod_name] = (model.weight.detach().clone(), scaler.get_scale() if scaler else None)
+        reset_state(mod_name)
+    assert torch.allclose(out["accelerate"][0], out["accelerate_c"][0], atol=1e-6)
+    assert out["accelerate"][1] == out["accelerate_c"][1]

@@ -54,6 +54,18 @@ def _kernels() -> Optional[Callable[..., Any]]:
     return _fused_step
 
 
+def standalone_state(device: Optional[torch.device] = None) -> Any:
+    """What a single-process Strategy reads of the process state, for an AcceleratedOptimizer built by hand outside
+    any Accelerator: one process, full precision, on `device` (CPU by default)."""
+    import types
+
+    from ..runtime.layout_build import trivial_layout
+    device = device or torch.device("cpu")
+    return types.SimpleNamespace(parallel_layout=trivial_layout(1, 0, False, device.type), device=device,
+                                 distributed_type=DistributedType.NO, process_index=0, num_processes=1,
+                                 mixed_precision="no")
+
+
 class Strategy:
     """Base class: single-process behaviour. Subclasses override what differs."""
 
