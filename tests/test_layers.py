@@ -17,7 +17,7 @@ LAYERS = [
                 "accelerate_c.launchers", "accelerate_c.commands", "accelerate_c.optimizer", "accelerate_c.scheduler",
                 "accelerate_c.data_loader", "accelerate_c.utils", "accelerate_c.state", "accelerate_c.logging",
                 "accelerate_c.ops", "accelerate_c.parallelism_config", "accelerate_c.big_modeling",
-                "accelerate_c.hooks", "accelerate_c.inference"]),
+                "accelerate_c.hooks", "accelerate_c.inference", "accelerate_c.local_sgd"]),
     ("strategies", ["accelerate_c.strategies"]),
     ("engines", ["accelerate_c.sharding", "accelerate_c.ddp", "accelerate_c.checkpointing", "accelerate_c.data",
                  "accelerate_c.tracking", "accelerate_c.tensor_parallel", "accelerate_c.pipeline",
@@ -33,7 +33,7 @@ FACES = {"accelerate_c.accelerator", "accelerate_c.state", "accelerate_c.logging
          "accelerate_c.utils", "accelerate_c.parallelism_config", "accelerate_c.big_modeling", "accelerate_c.hooks"}
 # modules allowed at the top of the package besides HF's top-level names
 HF_TOP = {"accelerator", "state", "optimizer", "scheduler", "data_loader", "logging", "launchers", "parallelism_config",
-          "big_modeling", "hooks", "inference"}
+          "big_modeling", "hooks", "inference", "local_sgd"}
 MAX_OTHER_TOP = 3
 
 

@@ -1,7 +1,7 @@
 # tests/test_parity.py: N-process training equals single-process training with the same global batch
 # (per-step loss and final weights within 1e-6, >= 10 steps, with and without accumulation, an unused
 # parameter, on both gradient-sync paths), and accelerate_c equals HF Accelerate 1.15 on the same script and
-# seed, on 1 and 2 processes (torchrun for both), with DDP's fp16 and PowerSGD comm hooks too (PowerSGD compressing
+# seed, on 1 and 2 processes (torchrun for both), with LocalSGD, with DDP's fp16 and PowerSGD comm hooks too (PowerSGD compressing
 # from its third step; batched, with the fp16 wrapper, in its uncompressed phase only: torch 2.13's batched hook
 # fails an assertion once it compresses, under HF too); the bf16 hook reduces alike on both sync paths;
 # PowerSGD on the reference sync path is a clear error.
@@ -24,8 +24,9 @@ REF = {"gb8_ga2": ("--global_batch", 8, "--grad_accum", 2, *NO_SCHED),
        "gb8_ga1_unused_sgd": ("--global_batch", 8, "--grad_accum", 1, *NO_SCHED, "--unused_param",
                               "--optimizer", "sgd"),
        "gb12_ga2_unused": ("--global_batch", 12, "--grad_accum", 2, *NO_SCHED, "--unused_param")}
-# ours-vs-HF configurations: (grad accum, shuffle)
-HF_ARGS = {"ga1_shuffle": ("--grad_accum", 1, "--shuffle"), "ga2": ("--grad_accum", 2)}
+# ours-vs-HF configurations: (grad accum, shuffle; LocalSGD averaging every 3 steps, inside accumulation)
+HF_ARGS = {"ga1_shuffle": ("--grad_accum", 1, "--shuffle"), "ga2": ("--grad_accum", 2),
+           "local_sgd3": ("--grad_accum", 2, "--local_sgd", 3)}
 FP16 = ("--comm_hook", "fp16", "--grad_accum", 2)
 BF16 = ("--comm_hook", "bf16", "--grad_accum", 2)
 PLAIN = ("--grad_accum", 2)
@@ -109,6 +110,8 @@ def test_two_processes(tmp_path):
             _differs(ours["plain"], ours["bf16_bucketed"])
         elif name in HF_ARGS:
             _close(_load(hf[name]), _load(ours_torchrun[name]), tol=1e-5)
+            if name == "local_sgd3":  # the ranks trained apart between averages: not the synchronised run
+                _differs(ours_torchrun["ga2"], ours_torchrun[name])
         else:  # "alone"
             _bitwise(_load(alone), _load(ours["plain"]))
 

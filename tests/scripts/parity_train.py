@@ -5,6 +5,7 @@
 # (tests/scripts/fold_cases.py).
 # Not for: anything but comparing implementations and process counts on the same data and seed.
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -33,6 +34,7 @@ def main(argv: list) -> None:
                    help="DistributedDataParallelKwargs(comm_hook=...): no|fp16|bf16|power_sgd|batched_power_sgd")
     p.add_argument("--comm_wrapper", default="no", help="DistributedDataParallelKwargs(comm_wrapper=...): no|fp16|bf16")
     p.add_argument("--comm_state", default="{}", help="DistributedDataParallelKwargs(comm_state_option=...), JSON")
+    p.add_argument("--local_sgd", type=int, default=0, help="LocalSGD(local_sgd_steps=N) around the loop (0: none)")
     p.add_argument("--report_group", action="store_true",
                    help="accelerate_c only: write out/group<rank>.txt naming the DDP transport and comm group")
     p.add_argument("--timeout", type=float, default=None,
@@ -74,15 +76,21 @@ def main(argv: list) -> None:
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=gamma)
     model, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)
     losses = []
-    for xb, yb in loader:
-        with accelerator.accumulate(model):
-            out = model(xb)
-            loss = torch.nn.functional.mse_loss(out, yb)
-            accelerator.backward(loss)
-            opt.step()
-            sched.step()
-            opt.zero_grad()
-        losses.append(accelerator.gather(loss.detach().reshape(1)).mean().item())
+    local_sgd = contextlib.nullcontext()
+    if args.local_sgd:
+        local_sgd = importlib.import_module(f"{args.impl}.local_sgd").LocalSGD(accelerator, model, args.local_sgd)
+    with local_sgd as lsgd:
+        for xb, yb in loader:
+            with accelerator.accumulate(model):
+                out = model(xb)
+                loss = torch.nn.functional.mse_loss(out, yb)
+                accelerator.backward(loss)
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+                if lsgd is not None:
+                    lsgd.step()
+            losses.append(accelerator.gather(loss.detach().reshape(1)).mean().item())
     if args.report_group:
         grp = getattr(accelerator.strategy, "bucket_group", None)  # the gradient buckets' CollectiveGroup
         inner = getattr(grp, "inner", grp)
