@@ -15,8 +15,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import accelerate as hf
+import accelerate.big_modeling  # noqa: F401 (hf.big_modeling)
 import accelerate.utils as hfu
 import accelerate_c as ac
+import accelerate_c.big_modeling  # noqa: F401 (ac.big_modeling)
 import accelerate_c.utils as acu
 from conftest import clean_env
 
@@ -120,6 +122,63 @@ def test_prepare_keeps_a_dispatched_model_where_its_hooks_put_it(saved, tmp_path
     monkeypatch.setitem(acc.state.__dict__, "num_processes", 2)  # (the check reads only the process count)
     with pytest.raises(ValueError, match="loaded with `device_map='auto'` in any distributed mode"):
         acc.prepare_model(model, evaluation_mode=True)
+
+
+def test_offloaded_weights_reached_from_outside_the_forward_match_hf(tmp_path):
+    """HF's has_offloaded_params, align_module_device, get_state_dict_offloaded_model and calculate_maximum_sizes
+    (missing before) on a Llama dispatched over CPU and disk: the same answers as HF's, the real weights inside the
+    context (meta again after it), the whole state dict equal to the model's."""
+    device_map = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",
+                  "model.layers.2": "disk", "model.layers.3": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu",
+                  "lm_head": "cpu"}
+    for lib, modeling in ((hf, hfu.modeling), (ac, acu.modeling)):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(_config())
+        ref = {k: v.clone() for k, v in model.state_dict().items()}
+        assert modeling.calculate_maximum_sizes(model) == hfu.modeling.calculate_maximum_sizes(model)
+        model = lib.dispatch_model(model, device_map=device_map, offload_dir=str(tmp_path / lib.__name__),
+                                   main_device="cpu")
+        q = model.model.layers[1].self_attn.q_proj
+        assert modeling.has_offloaded_params(q) and not modeling.has_offloaded_params(model.model.layers[0].mlp.up_proj)
+        with modeling.align_module_device(q):
+            assert torch.equal(q.weight, ref["model.layers.1.self_attn.q_proj.weight"])
+        assert q.weight.device.type == "meta"
+        state = modeling.get_state_dict_offloaded_model(model)
+        assert state.keys() == ref.keys() and all(torch.equal(state[k], ref[k]) for k in ref), lib.__name__
+
+
+class _CastNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = torch.nn.Conv1d(4, 8, 3), torch.nn.LayerNorm(8)
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()) for _ in range(2))
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.norm(self.conv(x).mean(-1).float()).to(x.dtype)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+@pytest.mark.parametrize("skip", [{}, {"skip_modules_pattern": ("head", r"blocks\.1")},
+                                  {"skip_modules_classes": (torch.nn.Conv1d,)}], ids=["all", "pattern", "class"])
+def test_layerwise_casting_matches_hf(skip):
+    """attach_layerwise_casting_hooks (HF 1.15's, missing before): fp8 storage, bf16 compute; the same dtypes stored
+    before and after a forward as HF's and, without skips, the same output bits."""
+    runs = []
+    for lib in (hf, ac):
+        torch.manual_seed(0)
+        net = _CastNet()
+        lib.big_modeling.attach_layerwise_casting_hooks(net, storage_dtype=torch.float8_e4m3fn,
+                                                        compute_dtype=torch.bfloat16, **skip)
+        stored = {n: p.dtype for n, p in net.named_parameters()}
+        with torch.no_grad():
+            out = net(torch.randn(2, 4, 10, generator=torch.Generator().manual_seed(1)).bfloat16()) if not skip else None
+        runs.append((stored, {n: p.dtype for n, p in net.named_parameters()}, out))
+    (hs, ha, ho), (os_, oa, oo) = runs
+    assert hs == os_ and ha == oa == hs and torch.float8_e4m3fn in hs.values()
+    assert skip or torch.equal(ho, oo)
 
 
 def test_tied_weights_offloaded_with_the_whole_model(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 from typing import Any, Optional, Union
 
 import torch
@@ -20,7 +21,8 @@ from torch import nn
 from .checkpoint import load_checkpoint_in_model, retie_parameters
 from .empty import init_empty_weights, init_on_device  # noqa: F401 - HF's big_modeling names
 from .device_map import check_device_map, infer_auto_device_map
-from .hooks import (AlignDevicesHook, CpuOffload, UserCpuOffloadHook, add_hook_to_module, attach_align_device_hook,
+from .hooks import (AlignDevicesHook, CpuOffload, LayerwiseCastingHook, UserCpuOffloadHook, add_hook_to_module,
+                    attach_align_device_hook,
                     attach_align_device_hook_on_blocks)
 from .offload import OffloadedWeightsLoader, extract_submodules_state_dict, offload_state_dict
 from .prefetch import attach_prefetcher
@@ -171,3 +173,30 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: Union[str, os.Pat
         return model
     return dispatch_model(model, device_map=device_map, offload_dir=offload_folder, offload_buffers=offload_buffers,
                           skip_keys=skip_keys, preload_module_classes=preload_module_classes, force_hooks=force_hooks)
+
+
+# the layers attach_layerwise_casting_hooks casts (HF's accelerate.utils.constants name)
+SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+                                          nn.ConvTranspose3d, nn.Linear)
+
+
+def attach_layerwise_casting_hooks(module: nn.Module, storage_dtype: torch.dtype, compute_dtype: torch.dtype,
+                                   skip_modules_pattern: Optional[Union[str, tuple[str, ...]]] = None,
+                                   skip_modules_classes: Optional[tuple[type, ...]] = None,
+                                   non_blocking: bool = False) -> None:
+    """HF's: every Linear / convolution inside `module` (or `module` itself when it is one) keeps its weights in
+    `storage_dtype` and computes in `compute_dtype`; modules whose dotted name matches a pattern of
+    `skip_modules_pattern` (regular expressions; a single string is one pattern) or whose class is in
+    `skip_modules_classes` keep theirs, with everything under them."""
+    patterns = (skip_modules_pattern,) if isinstance(skip_modules_pattern, str) else tuple(skip_modules_pattern or ())
+    classes = tuple(skip_modules_classes or ())
+
+    def visit(m: nn.Module, name: str) -> None:
+        if (classes and isinstance(m, classes)) or any(re.search(p, name) for p in patterns):
+            return
+        if isinstance(m, SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING):
+            add_hook_to_module(m, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking), append=True)
+            return
+        for child_name, child in m.named_children():
+            visit(child, f"{name}.{child_name}" if name else child_name)
+    visit(module, "")

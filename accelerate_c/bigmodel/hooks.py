@@ -44,6 +44,29 @@ class ModelHook:
         return module
 
 
+class LayerwiseCastingHook(ModelHook):
+    """HF's: the module's weights are stored in `storage_dtype` and cast to `compute_dtype` for its forward only
+    (attach_layerwise_casting_hooks puts one on each Linear / convolution)."""
+
+    _is_stateful = False
+
+    def __init__(self, storage_dtype: torch.dtype, compute_dtype: torch.dtype, non_blocking: bool) -> None:
+        self.storage_dtype, self.compute_dtype, self.non_blocking = storage_dtype, compute_dtype, non_blocking
+
+    def init_hook(self, module: nn.Module) -> nn.Module:
+        return module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
+
+    @torch.compiler.disable
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+        module.to(dtype=self.compute_dtype, non_blocking=self.non_blocking)
+        return args, kwargs
+
+    @torch.compiler.disable
+    def post_forward(self, module: nn.Module, output: Any) -> Any:
+        module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
+        return output
+
+
 class SequentialHook(ModelHook):
     """Several hooks in order (post_forward in the same order, as HF)."""
 

@@ -125,6 +125,15 @@ def get_max_layer_size(modules: list, module_sizes: dict[str, int],
     return best, names
 
 
+def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]]]:
+    """HF's: (the model's bytes, (its largest layer's bytes, the names reaching it)); a transformers model's
+    `_no_split_modules` count as layers."""
+    sizes = compute_module_sizes(model)
+    top = (list(model.named_parameters(recurse=False)) + list(model.named_children())
+           + list(model.named_buffers(recurse=False)))
+    return sizes[""], get_max_layer_size(top, sizes, list(getattr(model, "_no_split_modules", None) or []))
+
+
 def find_tied_parameters(model: nn.Module, **kwargs: Any) -> list[list[str]]:
     """Groups of parameter names that are one tensor (sorted names in each group)."""
     first: dict[int, str] = {}

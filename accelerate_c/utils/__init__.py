@@ -42,7 +42,8 @@ _LAZY = {
     "sharding_plugins": ("FullyShardedDataParallelPlugin",),
     "deepspeed_plugin": ("DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "get_active_deepspeed_plugin"),
     "accelerate_c.deepspeed.schema": ("HfDeepSpeedConfig",),
-    "modeling": ("check_device_map", "clean_device_map", "compute_module_sizes", "convert_file_size_to_int",
+    "modeling": ("align_module_device", "calculate_maximum_sizes", "get_state_dict_offloaded_model",
+                 "has_offloaded_params", "check_device_map", "clean_device_map", "compute_module_sizes", "convert_file_size_to_int",
                  "dtype_byte_size", "find_tied_parameters", "get_balanced_memory", "get_max_layer_size",
                  "get_max_memory", "infer_auto_device_map", "is_peft_model", "load_checkpoint_in_model",
                  "load_state_dict", "named_module_tensors", "retie_parameters", "set_module_tensor_to_device"),
@@ -58,11 +59,16 @@ _LAZY_NAMES = {name: mod for mod, names in _LAZY.items() for name in names}
 
 
 def __getattr__(name: str):
+    import importlib
+    import importlib.util
+
     mod = _LAZY_NAMES.get(name)
     if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
+        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = importlib.import_module(f"{__name__}.{name}")  # a submodule (`accelerate.utils.modeling.X`, as HF's)
+        globals()[name] = value
+        return value
     value = getattr(importlib.import_module(mod if "." in mod else f"{__name__}.{mod}"), name)
     globals()[name] = value
     return value
