@@ -66,7 +66,7 @@ def __getattr__(name: str):
     if mod is None:
         if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = importlib.import_module(f"{__name__}.{name}")  # a submodule (`accelerate.utils.modeling.X`, as HF's)
+        value = importlib.import_module(f"{__name__}.{name}")  # a submodule: `accelerate.utils.modeling.X`, as HF
         globals()[name] = value
         return value
     value = getattr(importlib.import_module(mod if "." in mod else f"{__name__}.{mod}"), name)
