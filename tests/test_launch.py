@@ -743,6 +743,9 @@ def test_import_and_cli_help_do_not_import_torch():
             "assert 'torch' not in sys.modules, 'torch imported by launch --help'\n"
             "from accelerate_c import Accelerator, DeepSpeedPlugin\n"
             "assert 'torch' in sys.modules and Accelerator.__name__ == 'Accelerator'\n"
-            "assert set(accelerate_c.__all__) <= set(dir(accelerate_c))\n")
+            "assert set(accelerate_c.__all__) <= set(dir(accelerate_c))\n"
+            # HF's faces that transformers imports load no torch._dynamo (seconds, and its cache folder)
+            "import accelerate_c.big_modeling, accelerate_c.hooks, accelerate_c.utils.modeling\n"
+            "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo imported by the big-model faces'\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]

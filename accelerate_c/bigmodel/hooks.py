@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
@@ -44,6 +44,18 @@ class ModelHook:
         return module
 
 
+def _compiler_disabled(fn: Callable) -> Callable:
+    """torch.compiler.disable(fn), built at the first call: applied at import it would import torch._dynamo (seconds,
+    and its cache folder) for everyone who imports the hooks."""
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if call.disabled is None:
+            call.disabled = torch.compiler.disable(fn)
+        return call.disabled(*args, **kwargs)
+    call.disabled = None
+    return call
+
+
 class LayerwiseCastingHook(ModelHook):
     """HF's: the module's weights are stored in `storage_dtype` and cast to `compute_dtype` for its forward only
     (attach_layerwise_casting_hooks puts one on each Linear / convolution)."""
@@ -56,12 +68,12 @@ class LayerwiseCastingHook(ModelHook):
     def init_hook(self, module: nn.Module) -> nn.Module:
         return module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
 
-    @torch.compiler.disable
+    @_compiler_disabled
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
         module.to(dtype=self.compute_dtype, non_blocking=self.non_blocking)
         return args, kwargs
 
-    @torch.compiler.disable
+    @_compiler_disabled
     def post_forward(self, module: nn.Module, output: Any) -> Any:
         module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
         return output
