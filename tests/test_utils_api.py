@@ -87,6 +87,31 @@ def test_every_keyword_of_hfs_functions_and_methods_is_accepted():
     assert not ac_utils.is_safetensors_available(min_version="999.0")
 
 
+@pytest.mark.parametrize("mode", ["no", "bf16", "fp16"])
+def test_standalone_precision_and_storage_helpers_match_hf(mode, caplog):
+    """get_mixed_precision_context_manager, get_grad_scaler, id_tensor_storage, model_has_dtensor and
+    check_tied_parameters_on_same_device (missing before) against HF's, in each mixed-precision mode. One deliberate
+    difference: on a CPU machine HF's get_grad_scaler returns a CUDA scaler, disabled; ours scales on the CPU."""
+    results = {}
+    for lib, utils in (("accelerate", hf_utils), ("accelerate_c", ac_utils)):
+        reset_state(lib)
+        importlib.import_module(lib).Accelerator(cpu=True, mixed_precision=mode)
+        x = torch.randn(4, 4)
+        with utils.get_mixed_precision_context_manager(native_amp=mode != "no"):
+            dtype = (x @ x).dtype
+        scaler = utils.get_grad_scaler()
+        base = torch.zeros(8)
+        ids = [utils.id_tensor_storage(t) for t in (base, base[2:], torch.zeros(8))]
+        caplog.clear()
+        utils.check_tied_parameters_on_same_device([["a.weight", "b.weight"]], {"a": "cpu", "b": "disk"})
+        assert scaler.is_enabled() == (lib == "accelerate_c")
+        results[lib] = (dtype, type(scaler).__name__, ids[0] == ids[1], ids[0] == ids[2],
+                        utils.model_has_dtensor(torch.nn.Linear(2, 2)),
+                        any("Tied parameters are on different devices" in r.message for r in caplog.records))
+        reset_state(lib)
+    assert results["accelerate"] == results["accelerate_c"], results
+
+
 def test_features_accelerate_c_does_not_run_behave_as_hfs_when_off(caplog):
     acc = accelerate_c.Accelerator(cpu=True)
     loader = [1, 2]

@@ -171,3 +171,17 @@ def check_device_map(model: nn.Module, device_map: dict) -> None:
     if missing:
         raise ValueError("The device_map provided does not give any device for the following parameters: "
                          + ", ".join(missing))
+
+
+def check_tied_parameters_on_same_device(tied_params: list, device_map: dict) -> None:
+    """HF's: a warning naming each group of tied parameters that `device_map` puts on more than one device."""
+    def device_of(name: str) -> Any:
+        while name not in device_map and name:
+            name = name.rpartition(".")[0]
+        return device_map.get(name)
+
+    for group in tied_params:
+        devices = {name: device_of(name) for name in group}
+        if len(set(map(str, devices.values()))) > 1:
+            logger.warning(f"Tied parameters are on different devices: {devices}. Please modify your custom device "
+                           "map or set `device_map='auto'`. ")

@@ -86,3 +86,13 @@ def _assign(owner: nn.Module, name: str, new: Optional[torch.Tensor], is_buffer:
         owner._parameters[name] = cls(new, requires_grad=requires_grad)
     except TypeError:  # a Parameter subclass with another constructor
         owner._parameters[name] = nn.Parameter(new, requires_grad=requires_grad)
+
+
+def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
+    """HF's: (device, address, bytes) of the storage under `tensor`: equal for tensors sharing one storage while it
+    lives (every meta tensor reports address 0)."""
+    try:
+        storage = tensor.untyped_storage()
+        return tensor.device, storage.data_ptr(), storage.nbytes()
+    except (NotImplementedError, RuntimeError):
+        return tensor.device, 0, tensor.nelement() * tensor.element_size()

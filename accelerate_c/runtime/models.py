@@ -145,3 +145,10 @@ def is_peft_model(model: Any) -> bool:
     from peft import PeftModel
 
     return isinstance(model, PeftModel)
+
+
+def model_has_dtensor(model: torch.nn.Module) -> bool:
+    """HF's: whether any parameter of `model` is a torch DTensor."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
