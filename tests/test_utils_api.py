@@ -49,6 +49,10 @@ def test_every_public_name_of_hfs_accelerator_states_and_package_exists():
         assert not missing or missing == ["fork_launched"], (hf, missing)  # (ours: an attribute of the instance)
     assert {n for n in dir(hf_state.GradientState) if not n.startswith("_")} - set(dir(ac_state.GradientState)) == \
         {"is_xla_gradients_synced"}
+    for probe in ("is_4bit_bnb_available", "is_8bit_bnb_available", "is_bitsandbytes_multi_backend_available",
+                  "is_transformer_engine_mxfp8_available", "is_xccl_available", "is_habana_gaudi1",
+                  "is_import_timer_available", "is_amdsmi_available", "is_rocm_available", "is_pippy_available"):
+        assert bool(getattr(ac_utils, probe)()) == bool(getattr(hf_utils, probe)()), probe
 
 
 def _params(f) -> dict:

@@ -77,6 +77,7 @@ _PACKAGES: dict[str, tuple[str, Optional[str]]] = {
     "tqdm": ("tqdm", None), "trackio": ("trackio", None),
     "transformer_engine": ("transformer_engine", "transformer-engine"),
     "transformers": ("transformers", None), "triton": ("triton", None), "wandb": ("wandb", None),
+    "import_timer": ("import_timer", None), "amdsmi": ("amdsmi", None),
 }
 
 
@@ -101,6 +102,47 @@ def is_tensorboard_available() -> bool:  # noqa: F811 - torch's SummaryWriter is
 
 def is_bitsandbytes_available() -> bool:
     return is_package_available("bitsandbytes")
+
+
+def is_4bit_bnb_available() -> bool:
+    return is_package_available("bitsandbytes") and compare_versions("bitsandbytes", ">=", "0.39.0")
+
+
+def is_8bit_bnb_available() -> bool:
+    return is_package_available("bitsandbytes") and compare_versions("bitsandbytes", ">=", "0.37.2")
+
+
+def is_bitsandbytes_multi_backend_available() -> bool:
+    if not is_package_available("bitsandbytes"):
+        return False
+    import bitsandbytes
+
+    return "multi_backend" in getattr(bitsandbytes, "features", set())
+
+
+def is_transformer_engine_mxfp8_available() -> bool:
+    if not is_package_available("transformer_engine", "transformer-engine"):
+        return False
+    from transformer_engine.pytorch.fp8 import check_mxfp8_support
+
+    return bool(check_mxfp8_support()[0])
+
+
+def is_xccl_available() -> bool:
+    """torch's XCCL (Intel GPU) process-group backend is built in."""
+    import torch.distributed as dist
+
+    probe = getattr(dist.distributed_c10d, "is_xccl_available", None)
+    return bool(probe and probe())
+
+
+def is_habana_gaudi1() -> bool:
+    """A first-generation Gaudi HPU (HF's probe; False without Habana's torch package)."""
+    if not is_package_available("habana_frameworks"):
+        return False
+    import habana_frameworks.torch.utils.experimental as htexp
+
+    return htexp._get_device_type() == htexp.synDeviceType.synDeviceGaudi
 
 
 def is_torchdata_stateful_dataloader_available() -> bool:
