@@ -42,7 +42,7 @@ def _contiguous_boundaries(pipe: Any) -> None:
     tensors, so an expanded attention mask crossing a cut (BERT's) failed there."""
     import torch.fx as fx
 
-    for name, sub in pipe.split_gm.named_children():
+    for sub in pipe.split_gm.children():
         if not isinstance(sub, fx.GraphModule):
             continue
         graph = sub.graph

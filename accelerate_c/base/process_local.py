@@ -3,7 +3,7 @@
 # process that pickled it (or in a child forked from it) the reference resolves to the same live object, the way
 # torch's DistributedDataParallel re-attaches the default process group when it is unpickled; anywhere else it
 # fails with an error that names the object and the process that owned it. This is what makes an Accelerator of a
-# distributed run (and the models and optimizers it prepared) picklable, as HF's is (accelerate_c/facade/pickling.py).
+# distributed run picklable, as HF's is (the Accelerator: csrc/accel_type.c's __getstate__, facade/accelerator.py).
 # Not for: objects without live resources (they pickle by value, as usual).
 from __future__ import annotations
 

@@ -4,7 +4,8 @@
 # Accelerator) the object shares the live state, as a freshly made instance would; unpickled where it was never
 # made, the pickled values become the process's state, as unpickling HF's state objects gives. Entries that are
 # only meaningful in their own process (weak references to the Accelerator and to the dataloaders) are not pickled.
-# Not for: the Accelerator itself (facade/pickling.py) or live process groups (base/process_local.py).
+# Not for: the Accelerator itself (csrc/accel_type.c, facade/accelerator.py) or live process groups
+# (base/process_local.py).
 from __future__ import annotations
 
 from typing import Any
