@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..checkpointing.stfile import DTYPE_OF, TensorFile
+from .device_map import device_of
 from .offload import offload_weight, save_offload_index
 from .sizes import find_tied_parameters
 from .tensors import set_module_tensor_to_device
@@ -46,17 +47,6 @@ def _files(checkpoint: Union[str, os.PathLike]) -> dict[str, list[str]]:
         raise ValueError(f"{checkpoint}: only safetensors checkpoints are read (never pickle); allowed: a "
                          ".safetensors file, a .safetensors.index.json or a folder holding one")
     return {path: None}
-
-
-def _device_of(name: str, device_map: Optional[dict]) -> Any:
-    if device_map is None:
-        return "cpu"
-    while True:
-        if name in device_map:
-            return device_map[name]
-        if not name:
-            raise ValueError(f"device_map gives no device for {name!r}")
-        name = name.rpartition(".")[0]
 
 
 def load_state_dict(checkpoint_file: str, device_map: Optional[dict] = None) -> dict[str, torch.Tensor]:
@@ -112,7 +102,7 @@ def load_checkpoint_in_model(model: nn.Module, checkpoint: Union[str, os.PathLik
                 target = dtype if dtype is not None and stored.is_floating_point else None
                 if target is not None and any(m in key.split(".") or key.startswith(m + ".") for m in keep):
                     target = torch.float32
-                device = _device_of(key, device_map)
+                device = device_of(key, device_map)
                 if device == "disk":
                     if target is None or target == stored:
                         index[key] = {"safetensors_file": os.path.realpath(path), "weight_name": key,
@@ -140,7 +130,7 @@ def _tied_on_disk(model: nn.Module, groups: list[list[str]], stored: set, device
     for group in groups:
         source = next((n for n in group if n in stored), None)
         for name in group:
-            if source is None or name in stored or _device_of(name, device_map) != "disk":
+            if source is None or name in stored or device_of(name, device_map) != "disk":
                 continue
             if source in index:
                 index[name] = dict(index[source])

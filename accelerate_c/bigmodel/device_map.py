@@ -173,15 +173,23 @@ def check_device_map(model: nn.Module, device_map: dict) -> None:
                          + ", ".join(missing))
 
 
+def device_of(name: str, device_map: Optional[dict]) -> Any:
+    """The device `device_map` gives the module or tensor `name` (its own entry or its nearest parent's; "cpu" without
+    a map); a ValueError naming it when the map gives none."""
+    if device_map is None:
+        return "cpu"
+    key = name
+    while key not in device_map:
+        if not key:
+            raise ValueError(f"device_map gives no device for {name!r}")
+        key = key.rpartition(".")[0]
+    return device_map[key]
+
+
 def check_tied_parameters_on_same_device(tied_params: list, device_map: dict) -> None:
     """HF's: a warning naming each group of tied parameters that `device_map` puts on more than one device."""
-    def device_of(name: str) -> Any:
-        while name not in device_map and name:
-            name = name.rpartition(".")[0]
-        return device_map.get(name)
-
     for group in tied_params:
-        devices = {name: device_of(name) for name in group}
+        devices = {name: device_of(name, device_map) for name in group}
         if len(set(map(str, devices.values()))) > 1:
             logger.warning(f"Tied parameters are on different devices: {devices}. Please modify your custom device "
                            "map or set `device_map='auto'`. ")
