@@ -79,7 +79,6 @@ class BucketedGradSync(ProcessBound):
             by_dtype.setdefault(p.dtype, []).append(p)
         self.buffers: dict[torch.dtype, torch.Tensor] = {}
         self.views: list[torch.Tensor] = [None] * len(order)  # type: ignore[list-item]
-        self.offsets = [0] * len(order)  # each parameter's offset in its dtype's buffer
         cap = max(1, int(bucket_cap_mb * (1 << 20)))
         self.buckets: list[_Bucket] = []
         param_bucket = [0] * len(order)
@@ -96,7 +95,6 @@ class BucketedGradSync(ProcessBound):
                     self.buckets.append(_Bucket(buf, start, off - start))
                     start, limit = off, cap
                 param_bucket[self.index[id(p)]] = len(self.buckets)
-                self.offsets[self.index[id(p)]] = off
                 view = buf[off:off + n].view_as(p)
                 if p.grad is not None:  # a gradient that exists moves into its view; None stays None (unused)
                     view.copy_(p.grad)
@@ -121,8 +119,18 @@ class BucketedGradSync(ProcessBound):
             for b in self.buckets:
                 b.compressed = twins[b.buffer.dtype]
         self.counter = _C.BucketCounter(param_bucket, len(self.buckets))
-        self._members = [[i for i, b in enumerate(param_bucket) if b == k] for k in range(len(self.buckets))]
+        # PowerSGD's view of each bucket: its parameters and their offsets inside it (torch's GradBucket)
+        self._hook_layout = self._bucket_layout(param_bucket) if powersgd is not None else None
         self._handles = [p.register_post_accumulate_grad_hook(weak_hook(self._on_grad)) for p in order]
+
+    def _bucket_layout(self, param_bucket: list[int]) -> list[tuple[list, list[int]]]:
+        """For each bucket: (its parameters, each one's offset in the bucket), from where their views lie."""
+        layout: list[tuple[list, list[int]]] = [([], []) for _ in self.buckets]
+        for i, k in enumerate(param_bucket):
+            b = self.buckets[k]
+            layout[k][0].append(self.params[i])
+            layout[k][1].append(self.views[i].storage_offset() - b.buffer.storage_offset() - b.offset)
+        return layout
 
     # -- backward-time hooks ---------------------------------------------------------------------------
     def _on_grad(self, p: torch.Tensor) -> None:
@@ -176,9 +184,7 @@ class BucketedGradSync(ProcessBound):
         first, end = self.counter.mark_all_remaining()
         self._launch(first, end)
         if self.powersgd is not None:
-            self.powersgd.reduce([(b.view(), [self.params[i] for i in self._members[k]],
-                                   [self.offsets[i] - b.offset for i in self._members[k]])
-                                  for k, b in enumerate(self.buckets)])
+            self.powersgd.reduce([(b.view(), *layout) for b, layout in zip(self.buckets, self._hook_layout)])
         # the mask lives where the buffers do (NCCL reduces no CPU tensor)
         self._used = used.to(self.views[0].device) if self.views else used
         self._works.append(self.group.all_reduce_async(self._used, "sum"))
