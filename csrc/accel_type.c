@@ -75,29 +75,30 @@ static PyObject *Accelerator_do_sync(PyObject *op, PyObject *const *args, Py_ssi
     return PyBool_FromLong(self->sync_gradients);
 }
 
-/* Pickling (HF's Accelerator pickles, e.g. inside a skorch net): __getstate__ returns (instance dict or None,
- * the C fields as a tuple of ints); __setstate__ restores both. What the dict holds decides the rest (process
- * groups pickle as references to the live ones: base/process_local.py). */
-#define ACC_NFIELDS 9
+static PyMemberDef Accelerator_members[] = {
+    {"step", T_PYSSIZET, offsetof(AcceleratorObject, step), 0, "micro-steps since the last synchronising step"},
+    {"_gradient_accumulation_steps", T_PYSSIZET, offsetof(AcceleratorObject, gradient_accumulation_steps), 0, NULL},
+    {"_num_processes", T_PYSSIZET, offsetof(AcceleratorObject, num_processes), 0, NULL},
+    {"_process_index", T_PYSSIZET, offsetof(AcceleratorObject, process_index), 0, NULL},
+    {"_local_process_index", T_PYSSIZET, offsetof(AcceleratorObject, local_process_index), 0, NULL},
+    {"_sync_gradients", T_BOOL, offsetof(AcceleratorObject, sync_gradients), 0, NULL},
+    {"_sync_with_dataloader", T_BOOL, offsetof(AcceleratorObject, sync_with_dataloader), 0, NULL},
+    {"_end_of_dataloader", T_BOOL, offsetof(AcceleratorObject, end_of_dataloader), 0, NULL},
+    {"_sync_each_batch", T_BOOL, offsetof(AcceleratorObject, sync_each_batch), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
 
-static Py_ssize_t *acc_field(AcceleratorObject *self, int i, char **flag) {
-    Py_ssize_t *ints[] = {&self->step, &self->gradient_accumulation_steps, &self->num_processes,
-                          &self->process_index, &self->local_process_index};
-    char *flags[] = {&self->sync_gradients, &self->sync_with_dataloader, &self->end_of_dataloader,
-                     &self->sync_each_batch};
-    *flag = i >= 5 ? flags[i - 5] : NULL;
-    return i < 5 ? ints[i] : NULL;
-}
+/* Pickling (HF's Accelerator pickles, e.g. inside a skorch net): __getstate__ returns (instance dict or None,
+ * the values of Accelerator_members in table order); __setstate__ restores both. What the dict holds decides the
+ * rest (process groups pickle as references to the live ones: base/process_local.py). */
+#define ACC_NFIELDS ((Py_ssize_t)(sizeof(Accelerator_members) / sizeof(Accelerator_members[0]) - 1))
 
 static PyObject *Accelerator_getstate(PyObject *op, PyObject *unused) {
     (void)unused;
-    AcceleratorObject *self = (AcceleratorObject *)op;
     PyObject *fields = PyTuple_New(ACC_NFIELDS);
     if (!fields) return NULL;
-    for (int i = 0; i < ACC_NFIELDS; i++) {
-        char *flag;
-        Py_ssize_t *v = acc_field(self, i, &flag);
-        PyObject *x = v ? PyLong_FromSsize_t(*v) : PyLong_FromLong(*flag);
+    for (Py_ssize_t i = 0; i < ACC_NFIELDS; i++) {
+        PyObject *x = PyMember_GetOne((const char *)op, &Accelerator_members[i]);
         if (!x) { Py_DECREF(fields); return NULL; }
         PyTuple_SetItem(fields, i, x);
     }
@@ -114,18 +115,12 @@ static PyObject *Accelerator_getstate(PyObject *op, PyObject *unused) {
 }
 
 static PyObject *Accelerator_setstate(PyObject *op, PyObject *state) {
-    AcceleratorObject *self = (AcceleratorObject *)op;
     if (!PyTuple_Check(state) || PyTuple_Size(state) != 2 || !PyTuple_Check(PyTuple_GetItem(state, 1))
         || PyTuple_Size(PyTuple_GetItem(state, 1)) != ACC_NFIELDS) {
-        return PyErr_Format(PyExc_TypeError, "Accelerator.__setstate__: expected (dict, %d C fields), got %R",
+        return PyErr_Format(PyExc_TypeError, "Accelerator.__setstate__: expected (dict, %zd C fields), got %R",
                             ACC_NFIELDS, state);
     }
     PyObject *dict = PyTuple_GetItem(state, 0), *fields = PyTuple_GetItem(state, 1);
-    Py_ssize_t vals[ACC_NFIELDS];
-    for (int i = 0; i < ACC_NFIELDS; i++) {
-        vals[i] = PyLong_AsSsize_t(PyTuple_GetItem(fields, i));
-        if (vals[i] == -1 && PyErr_Occurred()) return NULL;
-    }
     if (dict != Py_None) {
         PyObject *own = PyObject_GetAttrString(op, "__dict__");
         if (!own) return NULL;
@@ -134,12 +129,8 @@ static PyObject *Accelerator_setstate(PyObject *op, PyObject *state) {
         Py_DECREF(own);
         if (rc < 0) return NULL;
     }
-    for (int i = 0; i < ACC_NFIELDS; i++) {
-        char *flag;
-        Py_ssize_t *v = acc_field(self, i, &flag);
-        if (v) *v = vals[i];
-        else *flag = (char)(vals[i] != 0);
-    }
+    for (Py_ssize_t i = 0; i < ACC_NFIELDS; i++)
+        if (PyMember_SetOne((char *)op, &Accelerator_members[i], PyTuple_GetItem(fields, i)) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -151,18 +142,6 @@ static PyMethodDef Accelerator_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyMemberDef Accelerator_members[] = {
-    {"step", T_PYSSIZET, offsetof(AcceleratorObject, step), 0, "micro-steps since the last synchronising step"},
-    {"_gradient_accumulation_steps", T_PYSSIZET, offsetof(AcceleratorObject, gradient_accumulation_steps), 0, NULL},
-    {"_num_processes", T_PYSSIZET, offsetof(AcceleratorObject, num_processes), 0, NULL},
-    {"_process_index", T_PYSSIZET, offsetof(AcceleratorObject, process_index), 0, NULL},
-    {"_local_process_index", T_PYSSIZET, offsetof(AcceleratorObject, local_process_index), 0, NULL},
-    {"_sync_gradients", T_BOOL, offsetof(AcceleratorObject, sync_gradients), 0, NULL},
-    {"_sync_with_dataloader", T_BOOL, offsetof(AcceleratorObject, sync_with_dataloader), 0, NULL},
-    {"_end_of_dataloader", T_BOOL, offsetof(AcceleratorObject, end_of_dataloader), 0, NULL},
-    {"_sync_each_batch", T_BOOL, offsetof(AcceleratorObject, sync_each_batch), 0, NULL},
-    {NULL, 0, 0, 0, NULL},
-};
 
 static PyType_Slot Accelerator_slots[] = {
     {Py_tp_doc, "Accelerator base type (C): per-step state and step-boundary logic."},
