@@ -17,12 +17,21 @@ BENCHMARKS = [["overhead.py"], ["allreduce.py"], ["everyday.py"], ["ddp_step.py"
               ["checkpoint.py"], ["zero_step.py"], ["zero_step.py", "--bf16"], ["pack.py"], ["sharded_init.py"],
               ["memory.py"], ["memory.py", "--nproc", "3", "--kinds", "torch_ddp,torch_fsdp2_trim,z3"], ["tp_step.py"],
               ["pp_step.py"], ["bigmodel_offload.py", "--hidden", "1536", "--layers", "12"], ["trainer_step.py"]]
+# where the CPU has native bf16 matmuls only (elsewhere torch emulates them: about an hour here)
+NATIVE_BF16 = [["bigmodel_offload.py", "--hidden", "2048", "--layers", "12", "--dtype", "bfloat16"]]
+
+
+def _native_bf16() -> bool:
+    sys.path.insert(0, os.path.dirname(HERE))
+    from accelerate_c.precision.policy import cpu_has_native_bf16
+
+    return cpu_has_native_bf16()
 
 
 def main() -> int:
     extra = sys.argv[1:]
     failed = []
-    for name, *args in BENCHMARKS:
+    for name, *args in BENCHMARKS + (NATIVE_BF16 if _native_bf16() else []):
         path = os.path.join(HERE, name)
         if not os.path.exists(path):
             continue

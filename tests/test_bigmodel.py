@@ -4,7 +4,8 @@
 # logits (bitwise, twice), as HF's does, with most offloaded modules' weights taken from the background reader; cpu_offload, disk_offload,
 # cpu_offload_with_hook and the hooks; tied weights with the whole model on disk; transformers' from_pretrained(device_map="auto", max_memory=...) under the
 # switch; bad input (unknown module / device in a map, a budget below the largest layer, checkpoint keys or shapes
-# that differ): errors naming them, nothing loaded.
+# that differ): errors naming them, nothing loaded. The RegionPool that offloaded reads reuse memory from: reuse only
+# of dropped mappings, within its cap, and repeated offloaded forwards of layers large enough to use it stay exact.
 # Not for: timing (benchmarks/bigmodel_offload.py).
 import os
 import subprocess
@@ -287,3 +288,63 @@ def test_transformers_from_pretrained_device_map_auto_under_the_switch(saved, tm
                           timeout=300)
     assert "EQUAL True" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "'disk'" in proc.stdout and "HOOK accelerate_c.bigmodel.hooks" in proc.stdout, proc.stdout
+
+
+def test_region_pool_reuses_only_dropped_mappings_within_its_cap():
+    """bigmodel/regions.py: a mapping goes back to the pool when the tensor over it dies, never while it lives, and
+    the pool keeps no more than its cap mapped (in use and free)."""
+    import gc
+
+    from accelerate_c.bigmodel.regions import HUGE, RegionPool
+
+    pool = RegionPool(cap=3 * HUGE)
+    a = pool.empty(torch.float32, HUGE // 4)  # one 2 MiB mapping
+    a.fill_(1.0)
+    b = pool.empty(torch.float32, HUGE // 4)
+    assert b.data_ptr() != a.data_ptr() and pool.reused == 0
+    ptr = a.data_ptr()
+    del a
+    gc.collect()
+    c = pool.empty(torch.float32, HUGE // 4)
+    assert c.data_ptr() == ptr and pool.reused == 1  # the dropped one, not b's
+    c.fill_(2.0)
+    assert torch.equal(b.fill_(3.0), torch.full_like(b, 3.0)) and torch.equal(c, torch.full_like(c, 2.0))
+    big = pool.empty(torch.uint8, 2 * HUGE + 1)  # 3 mappings' worth: over the cap with b and c in use
+    del b, c, big
+    gc.collect()
+    assert pool._used_bytes == 0 and pool._free_bytes <= pool.cap
+    pool.set_cap(0)
+    assert pool._free_bytes == 0 and not pool._free
+    d = pool.empty(torch.float32, 10)  # a cap of 0 keeps nothing: each mapping is unmapped when its tensor dies
+    del d
+    gc.collect()
+    assert pool._free_bytes == 0 and pool._used_bytes == 0
+
+
+def test_disk_offloaded_forward_reuses_read_memory_and_stays_exact(tmp_path):
+    """Layers large enough for mappings of their own: repeated forwards read each offloaded layer into the memory the
+    last layer used (the pool of the prefetcher's loader), and give the full model's logits bitwise every time."""
+    cfg = LlamaConfig(vocab_size=256, hidden_size=512, intermediate_size=1536, num_hidden_layers=3,
+                      num_attention_heads=8, num_key_value_heads=4)
+    torch.manual_seed(0)
+    full = LlamaForCausalLM(cfg).eval()
+    full.save_pretrained(tmp_path / "ckpt")
+    tokens = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        want = full(tokens).logits
+    with ac.init_empty_weights():
+        model = LlamaForCausalLM(cfg)
+    model = ac.load_checkpoint_and_dispatch(model, str(tmp_path / "ckpt"), device_map="auto",
+                                            max_memory={"cpu": "20MB"}, no_split_module_classes=NO_SPLIT,
+                                            offload_folder=str(tmp_path / "off"))
+    assert list(model.hf_device_map.values()).count("disk") >= 2
+    pools = {id(h.weights_map.pool): h.weights_map.pool for m in model.modules()
+             for h in [getattr(m, "_hf_hook", None)] if getattr(h, "prefetcher", None) is not None}
+    assert len(pools) == 1
+    pool = next(iter(pools.values()))
+    assert pool.cap > 0
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(model(tokens).logits, want)
+            assert pool._used_bytes + pool._free_bytes <= pool.cap
+    assert pool.reused > 0

@@ -18,28 +18,23 @@ import torch
 from safetensors.torch import save_file
 
 from ..checkpointing.stfile import DTYPE_OF, TensorFile, entry_numel
+from .regions import RegionPool
 
 INDEX = "index.json"
 OWN_MAPPING = 1 << 20  # bytes from which a weight read from disk gets a mapping of its own
-HUGE = 2 << 20
 
 
-def read_weight(fh: TensorFile, key: str) -> torch.Tensor:
-    """Tensor `key` of `fh` in fresh memory. A large one lives in an anonymous mapping of its own that is unmapped
-    when the tensor dies, so reading a layer, using it and dropping it (every offloaded forward) gives its pages back
-    to the system: from malloc's heap, freed weights of varying sizes would stay resident (the process grows by
-    fragmentation, as HF's offloaded forward does)."""
+def read_weight(fh: TensorFile, key: str, pool: Optional[RegionPool] = None) -> torch.Tensor:
+    """Tensor `key` of `fh` in fresh memory. A large one lives in a mapping of `pool`'s (regions.py) that goes back
+    to the pool, or to the system, when the tensor dies, so reading a layer, using it and dropping it (every
+    offloaded forward) gives its pages back: from malloc's heap, freed weights of varying sizes would stay resident
+    (the process grows by fragmentation, as HF's offloaded forward does)."""
     entry = fh.entry(key)
     dtype, numel = DTYPE_OF[entry["dtype"]], entry_numel(entry)
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     if nbytes < OWN_MAPPING or not hasattr(mmap, "MAP_ANONYMOUS"):
         return fh.tensor(key)
-    region = mmap.mmap(-1, -(-nbytes // HUGE) * HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        region.madvise(mmap.MADV_HUGEPAGE)  # the read faults in 2 MiB pages, not 4 KiB ones, where the kernel can
-    except (AttributeError, OSError):
-        pass
-    out = torch.frombuffer(region, dtype=dtype, count=numel)  # holds `region` until the tensor is freed
+    out = (pool or RegionPool()).empty(dtype, numel)
     fh.read_into(key, 0, out)
     return out.view(entry["shape"])
 
@@ -127,13 +122,14 @@ class OffloadedWeightsLoader(Mapping):
         self.all_keys = list(self.state_dict) + [k for k in self.index if k not in self.state_dict]
         self.device = device
         self._files = _Files()
+        self.pool = RegionPool()  # keeps nothing unless a prefetcher sets its cap (prefetch.attach_prefetcher)
 
     def __getitem__(self, key: str) -> torch.Tensor:
         if key in self.state_dict:
             return self.state_dict[key]
         info = self.index[key]
         path = info.get("safetensors_file") or _file_of(self.save_folder or "", key)
-        tensor = read_weight(self._files.get(path), info.get("weight_name", key))
+        tensor = read_weight(self._files.get(path), info.get("weight_name", key), self.pool)
         dtype = info.get("dtype")
         if dtype and str(tensor.dtype).replace("torch.", "") != dtype and hasattr(torch, dtype):
             tensor = tensor.to(getattr(torch, dtype))
@@ -167,6 +163,10 @@ class PrefixedDataset(Mapping):
 
     def __len__(self) -> int:
         return len(self.dataset)
+
+    @property
+    def pool(self) -> Optional[RegionPool]:
+        return getattr(self.dataset, "pool", None)
 
     def is_on_disk(self, key: str) -> bool:
         probe = getattr(self.dataset, "is_on_disk", None)

@@ -6,7 +6,8 @@
 # most half of the largest offloaded device-map block (a decoder layer) ahead of the module that runs, and always one
 # module: memory is the running block's weights plus at most half a block more (infer_auto_device_map keeps room
 # for the largest layer on the executing device, so resident memory stays near the budget + the largest layer).
-# Read weights live in mappings of their own (offload.read_weight).
+# Read weights live in mappings of their own (offload.read_weight); the loader's RegionPool keeps up to that much
+# (the running block and half a block) mapped between reads, so the next layer's read reuses the last one's memory.
 # Not for: the hooks (hooks.py) or the file format (offload.py).
 from __future__ import annotations
 
@@ -103,4 +104,11 @@ def attach_prefetcher(model: nn.Module, device_map: Optional[dict] = None) -> Op
                 block = max((k for k in (device_map or {}) if k == "" or name == k or name.startswith(k + ".")),
                             key=len, default=name)
                 blocks[block] = blocks.get(block, 0) + _bytes(hook, module)
-    return Prefetcher(found, max(blocks.values(), default=0) // 2) if found else None
+    if not found:
+        return None
+    largest = max(blocks.values(), default=0)
+    for hook, _ in found:  # what a forward holds at most: the running block and the reads ahead of it
+        pool = getattr(hook.weights_map, "pool", None)
+        if pool is not None:
+            pool.set_cap(max(pool.cap, largest + largest // 2))
+    return Prefetcher(found, largest // 2)
