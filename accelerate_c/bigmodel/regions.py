@@ -70,7 +70,7 @@ class RegionPool:
         if region is None:
             region = _new_map(size)
         exporter = (ctypes.c_char * size).from_buffer(region)
-        weakref.finalize(exporter, self._give_back, region, size)
+        weakref.finalize(exporter, self._give_back, region, size).atexit = False  # at exit the mappings just go
         return torch.frombuffer(exporter, dtype=dtype, count=numel)  # holds `exporter` until the tensor dies
 
     def _give_back(self, region: mmap.mmap, size: int) -> None:
