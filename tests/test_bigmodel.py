@@ -295,21 +295,21 @@ def test_region_pool_reuses_only_dropped_mappings_within_its_cap():
     the pool keeps no more than its cap mapped (in use and free)."""
     import gc
 
-    from accelerate_c.bigmodel.regions import HUGE, RegionPool
+    from accelerate_c.bigmodel.regions import GRAIN, RegionPool
 
-    pool = RegionPool(cap=3 * HUGE)
-    a = pool.empty(torch.float32, HUGE // 4)  # one 2 MiB mapping
+    pool = RegionPool(cap=3 * GRAIN)
+    a = pool.empty(torch.float32, GRAIN // 4)  # one 2 MiB mapping
     a.fill_(1.0)
-    b = pool.empty(torch.float32, HUGE // 4)
+    b = pool.empty(torch.float32, GRAIN // 4)
     assert b.data_ptr() != a.data_ptr() and pool.reused == 0
     ptr = a.data_ptr()
     del a
     gc.collect()
-    c = pool.empty(torch.float32, HUGE // 4)
+    c = pool.empty(torch.float32, GRAIN // 4)
     assert c.data_ptr() == ptr and pool.reused == 1  # the dropped one, not b's
     c.fill_(2.0)
     assert torch.equal(b.fill_(3.0), torch.full_like(b, 3.0)) and torch.equal(c, torch.full_like(c, 2.0))
-    big = pool.empty(torch.uint8, 2 * HUGE + 1)  # 3 mappings' worth: over the cap with b and c in use
+    big = pool.empty(torch.uint8, 2 * GRAIN + 1)  # 3 mappings' worth: over the cap with b and c in use
     del b, c, big
     gc.collect()
     assert pool._used_bytes == 0 and pool._free_bytes <= pool.cap
@@ -348,3 +348,40 @@ def test_disk_offloaded_forward_reuses_read_memory_and_stays_exact(tmp_path):
             assert torch.equal(model(tokens).logits, want)
             assert pool._used_bytes + pool._free_bytes <= pool.cap
     assert pool.reused > 0
+
+
+def test_first_offloaded_forward_reads_each_layer_ahead(tmp_path):
+    """Before any forward has shown the order, the guess is the registration order, where a decoder layer's norms
+    come after its linears, although input_layernorm runs first. The prefetcher used to drop its whole queue when the
+    module that ran was not at its head, and to guess only past the module that ran: the first disk layer's linears
+    (and later whole layers) were read serially. Now every disk linear but the first one to run is read ahead, and
+    a module read ahead but not taken in order is still taken later."""
+    from accelerate_c.bigmodel import prefetch
+
+    cfg = LlamaConfig(vocab_size=256, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=4)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "ckpt")
+    with ac.init_empty_weights():
+        model = LlamaForCausalLM(cfg)
+    model = ac.load_checkpoint_and_dispatch(model, str(tmp_path / "ckpt"), device_map="auto",
+                                            max_memory={"cpu": "20MB"}, no_split_module_classes=NO_SPLIT,
+                                            offload_folder=str(tmp_path / "off"))
+    names = {id(getattr(m, "_hf_hook", None)): (n, m) for n, m in model.named_modules()}
+    taken = []
+    take = prefetch.Prefetcher.take
+
+    def spy(self, hook):
+        got = take(self, hook)
+        taken.append((*names[id(hook)], got is not None))
+        return got
+
+    prefetch.Prefetcher.take = spy
+    try:
+        with torch.no_grad():
+            model(torch.randint(0, 256, (2, 16)))
+    finally:
+        prefetch.Prefetcher.take = take
+    linears = [(n, hit) for n, m, hit in taken if isinstance(m, torch.nn.Linear)]
+    assert len({n.split(".")[2] for n, _ in linears if n.startswith("model.layers.")}) >= 2, linears
+    assert all(hit for _, hit in linears[1:]), linears

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import threading
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
@@ -22,17 +21,25 @@ from .hooks import AlignDevicesHook, SequentialHook
 
 
 class Prefetcher:
-    """Shared by the offloaded AlignDevicesHooks of one dispatched model (hook.prefetcher). Reads run in the order of
-    the modules' forwards, one at a time, and stay at most `ahead_bytes` ahead of the module that runs."""
+    """Shared by the offloaded AlignDevicesHooks of one dispatched model (hook.prefetcher). Reads run in the order the
+    modules' forwards are expected in, one at a time, and stay at most `ahead_bytes` ahead of the module that runs.
+    `blocks`: each hook's device-map block (a decoder layer), for the first forward's guess."""
 
-    def __init__(self, hooks: list[tuple[AlignDevicesHook, nn.Module]], ahead_bytes: int = 0) -> None:
+    def __init__(self, hooks: list[tuple[AlignDevicesHook, nn.Module]], ahead_bytes: int = 0,
+                 blocks: Optional[list[str]] = None) -> None:
         self.modules = {id(h): m for h, m in hooks}
         self.by_id = {id(h): h for h, _ in hooks}
         self.nbytes = {id(h): _bytes(h, m) for h, m in hooks}
         self.ahead_bytes = ahead_bytes
         self.order = [id(h) for h, _ in hooks]  # registration order until one forward has been seen
+        names = blocks or [str(i) for i in range(len(hooks))]
+        self.block_start = {}  # hook id -> index in the registration order of its block's first hook
+        for i, (h, _) in enumerate(hooks):
+            self.block_start[id(h)] = next(j for j in range(i + 1) if names[j] == names[i])
+        self.observed = False  # True once a whole forward's order is known
         self.seen: list[int] = []
-        self.ahead: deque = deque()  # (hook id, Future) in the order they will be taken
+        self.seen_set: set[int] = set()
+        self.ahead: dict = {}  # hook id -> Future, in the order they are expected to be taken
         self.lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelerate_c-prefetch")
         for h, _ in hooks:
@@ -43,40 +50,50 @@ class Prefetcher:
         return {n: hook.weights_map[n] for n in hook.offloaded_names(module)}
 
     def take(self, hook: AlignDevicesHook) -> Optional[dict]:
-        """The weights read ahead for `hook`, or None (read them now). Reads queued before it that were not taken
-        (the order changed) are dropped with their memory."""
+        """The weights read ahead for `hook`, or None (read them now)."""
         with self.lock:
-            while self.ahead and self.ahead[0][0] != id(hook):
-                self.ahead.popleft()[1].cancel()
-            found = self.ahead.popleft() if self.ahead else None
-        return None if found is None else found[1].result()  # a read error surfaces in the forward that needs it
+            found = self.ahead.pop(id(hook), None)
+        return None if found is None else found.result()  # a read error surfaces in the forward that needs it
+
+    def _upcoming(self, key: int) -> list[int]:
+        """The hooks expected to run after `key`: the last forward's order after it; in the first forward, the
+        registration order from the start of `key`'s block (a block's modules need not run in the order they were
+        registered: a decoder layer's norms are registered after its linears), less those that ran already."""
+        if self.observed:
+            try:
+                return self.order[self.order.index(key) + 1:]
+            except ValueError:
+                return []
+        return [k for k in self.order[self.block_start[key]:] if k not in self.seen_set]
 
     def started(self, hook: AlignDevicesHook, module: nn.Module) -> None:
-        """`hook`'s forward has its weights: note the order and queue reads of the modules that run next, up to
-        `ahead_bytes` (always the next one)."""
+        """`hook`'s forward has its weights: note the order and queue reads of the modules expected next, up to
+        `ahead_bytes` (always the next one). Reads queued for modules that ran without them are dropped."""
         key = id(hook)
-        if key in self.seen:  # a new forward: the last one's order is the guess from now on
-            self.order, self.seen = self.seen, []
-        self.seen.append(key)
-        try:
-            at = self.order.index(key)
-        except ValueError:
-            return
         with self.lock:
-            queued = {k for k, _ in self.ahead}
-            total = sum(self.nbytes[k] for k in queued)
-            for nxt in self.order[at + 1:]:
-                if nxt in queued:
+            if key in self.seen_set:  # a new forward: the last one's order is the guess from now on
+                self.order, self.seen, self.seen_set, self.observed = self.seen, [], set(), True
+                stale = list(self.ahead)
+            else:
+                stale = [k for k in self.ahead if k in self.seen_set]
+            for k in stale:
+                self.ahead.pop(k).cancel()
+            self.seen.append(key)
+            self.seen_set.add(key)
+            total = sum(self.nbytes[k] for k in self.ahead)
+            for nxt in self._upcoming(key):
+                if nxt in self.ahead:
                     continue
                 if self.ahead and total + self.nbytes[nxt] > self.ahead_bytes:
                     break
-                self.ahead.append((nxt, self.pool.submit(self._read, nxt)))
+                self.ahead[nxt] = self.pool.submit(self._read, nxt)
                 total += self.nbytes[nxt]
 
     def close(self) -> None:
         with self.lock:
-            while self.ahead:
-                self.ahead.popleft()[1].cancel()
+            for fut in self.ahead.values():
+                fut.cancel()
+            self.ahead.clear()
         self.pool.shutdown(wait=True)
 
 
@@ -95,7 +112,7 @@ def _align_hooks(hook: Any) -> list[AlignDevicesHook]:
 def attach_prefetcher(model: nn.Module, device_map: Optional[dict] = None) -> Optional[Prefetcher]:
     """A Prefetcher over the model's offloaded hooks whose weights are (partly) on disk; None when there are none.
     Reads go ahead by half the largest block of `device_map` that is on disk (none: one module)."""
-    found, blocks = [], {}
+    found, blocks, block_of = [], {}, []
     for name, module in model.named_modules():
         for hook in _align_hooks(getattr(module, "_hf_hook", None)):
             probe = getattr(hook.weights_map, "is_on_disk", None)
@@ -104,6 +121,7 @@ def attach_prefetcher(model: nn.Module, device_map: Optional[dict] = None) -> Op
                 block = max((k for k in (device_map or {}) if k == "" or name == k or name.startswith(k + ".")),
                             key=len, default=name)
                 blocks[block] = blocks.get(block, 0) + _bytes(hook, module)
+                block_of.append(block)
     if not found:
         return None
     largest = max(blocks.values(), default=0)
@@ -111,4 +129,4 @@ def attach_prefetcher(model: nn.Module, device_map: Optional[dict] = None) -> Op
         pool = getattr(hook.weights_map, "pool", None)
         if pool is not None:
             pool.set_cap(max(pool.cap, largest + largest // 2))
-    return Prefetcher(found, largest // 2)
+    return Prefetcher(found, largest // 2, block_of)
