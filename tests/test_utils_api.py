@@ -34,9 +34,9 @@ def test_hf_names_are_exported():
 
 def test_every_public_name_of_hfs_accelerator_states_and_package_exists():
     """Every public attribute of HF 1.15's Accelerator, PartialState, AcceleratorState, GradientState and top-level
-    package exists on ours (GradientState.is_xla_gradients_synced is XLA's). Before, verify_device_map,
-    maybe_context_parallel, deepspeed_ulysses_dl_adapter, lomo_backward, set_device, prepare_pippy and
-    is_rich_available were missing."""
+    package exists on ours. Before, verify_device_map, maybe_context_parallel, deepspeed_ulysses_dl_adapter,
+    lomo_backward, set_device, prepare_pippy, is_rich_available and GradientState.is_xla_gradients_synced were
+    missing."""
     import accelerate
     import accelerate.state as hf_state
 
@@ -47,8 +47,12 @@ def test_every_public_name_of_hfs_accelerator_states_and_package_exists():
     for hf, ours in pairs:
         missing = [n for n in dir(hf) if not n.startswith("_") and not hasattr(ours, n)]
         assert not missing or missing == ["fork_launched"], (hf, missing)  # (ours: an attribute of the instance)
-    assert {n for n in dir(hf_state.GradientState) if not n.startswith("_")} - set(dir(ac_state.GradientState)) == \
-        {"is_xla_gradients_synced"}
+    assert {n for n in dir(hf_state.GradientState) if not n.startswith("_")} <= set(dir(ac_state.GradientState))
+    hf_grad, ac_grad = hf_state.GradientState(), ac_state.GradientState()
+    assert ac_grad.is_xla_gradients_synced is False and hf_grad.is_xla_gradients_synced is False
+    ac_grad.is_xla_gradients_synced = True
+    assert ac_state.GradientState().is_xla_gradients_synced is True  # shared, as HF's
+    ac_grad.is_xla_gradients_synced = False
     for probe in ("is_4bit_bnb_available", "is_8bit_bnb_available", "is_bitsandbytes_multi_backend_available",
                   "is_transformer_engine_mxfp8_available", "is_xccl_available", "is_habana_gaudi1",
                   "is_import_timer_available", "is_amdsmi_available", "is_rocm_available", "is_pippy_available"):

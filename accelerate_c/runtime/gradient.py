@@ -7,7 +7,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Optional
 
-from ..base.dataclasses import GradientAccumulationPlugin
+from ..base.dataclasses import DistributedType, GradientAccumulationPlugin
 from .borg import reduce_shared
 
 
@@ -25,6 +25,7 @@ class GradientState:
             self._owner_ref = None
             self._dataloader_references_ref = [None]
             self.plugin_kwargs = gradient_accumulation_plugin.to_kwargs() if gradient_accumulation_plugin else {}
+            self._is_xla_gradients_synced = False
         if gradient_accumulation_plugin is not None and self.plugin_kwargs != gradient_accumulation_plugin.to_kwargs():
             self.plugin_kwargs = gradient_accumulation_plugin.to_kwargs()
 
@@ -57,6 +58,19 @@ class GradientState:
         owner = self._owner()
         if owner is not None:
             owner._sync_gradients = bool(sync_gradients)
+
+    @property
+    def is_xla_gradients_synced(self) -> bool:
+        """HF's flag for XLA runs, where the code that reduces gradients sets it (nothing here does: no XLA); True
+        under FSDP, whose gradients are always reduced (HF reads its FSDP variable, we the Accelerator's state)."""
+        owner = self._owner()
+        if owner is not None and owner.distributed_type == DistributedType.FSDP:
+            return True
+        return bool(self.__dict__.get("_is_xla_gradients_synced", False))
+
+    @is_xla_gradients_synced.setter
+    def is_xla_gradients_synced(self, is_synced: bool) -> None:
+        self._is_xla_gradients_synced = is_synced
 
     @property
     def num_steps(self) -> int:

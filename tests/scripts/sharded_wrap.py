@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> None:
         plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="NO_WRAP")
     acc = Accelerator(cpu=True, fsdp_plugin=plugin)
     assert acc.strategy.name == "sharded", acc.strategy.name
+    assert acc.gradient_state.is_xla_gradients_synced is True  # FSDP's gradients are always reduced (HF's answer)
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
