@@ -41,7 +41,7 @@ class Prefetcher:
         self.seen_set: set[int] = set()
         self.ahead: dict = {}  # hook id -> Future, in the order they are expected to be taken
         self.lock = threading.Lock()
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelerate_c-prefetch")
+        self.reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelerate_c-prefetch")
         for h, _ in hooks:
             h.prefetcher = self
 
@@ -86,7 +86,7 @@ class Prefetcher:
                     continue
                 if self.ahead and total + self.nbytes[nxt] > self.ahead_bytes:
                     break
-                self.ahead[nxt] = self.pool.submit(self._read, nxt)
+                self.ahead[nxt] = self.reader.submit(self._read, nxt)
                 total += self.nbytes[nxt]
 
     def close(self) -> None:
@@ -94,7 +94,7 @@ class Prefetcher:
             for fut in self.ahead.values():
                 fut.cancel()
             self.ahead.clear()
-        self.pool.shutdown(wait=True)
+        self.reader.shutdown(wait=True)
 
 
 def _bytes(hook: AlignDevicesHook, module: nn.Module) -> int:
