@@ -7,11 +7,13 @@
 # Not for: launching scripts (commands/launch.py) or anything that runs inside a rank beyond its set-up.
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
 import signal
 import sys
+import tempfile
 from typing import Any, Callable, Optional
 
 import torch
@@ -41,11 +43,26 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+@contextlib.contextmanager
+def _error_files_in(folder: str) -> Any:
+    """torch.multiprocessing names each child's error file (written when the child raises) in the caller's temp
+    dir and never removes it: a launch whose ranks fail, or restart, left files in /tmp (HF's too). While the
+    processes start, the caller's temp dir is the launch folder (removed after the launch); the ranks get the
+    caller's back (_Rank). Yields the caller's setting."""
+    saved = tempfile.tempdir
+    tempfile.tempdir = folder
+    try:
+        yield saved
+    finally:
+        tempfile.tempdir = saved
+
+
 class _Rank:
     """The entry point each forked rank runs: undo what it inherited from the caller, then the function."""
 
-    def __init__(self, function: Callable, handlers: dict, debug_store: bool = False) -> None:
-        self.function, self.handlers, self.debug_store = function, handlers, debug_store
+    def __init__(self, function: Callable, handlers: dict, debug_store: bool = False,
+                 tempdir: Optional[str] = None) -> None:
+        self.function, self.handlers, self.debug_store, self.tempdir = function, handlers, debug_store, tempdir
         # torch elastic names the job and its events after these
         self.__name__ = getattr(function, "__name__", type(function).__name__)
         self.__qualname__ = getattr(function, "__qualname__", self.__name__)
@@ -53,6 +70,7 @@ class _Rank:
     def __call__(self, *args: Any) -> Any:
         for sig, handler in self.handlers.items():
             signal.signal(sig, handler)
+        tempfile.tempdir = self.tempdir  # the caller's temp dir, not the launch folder the error files go to
         _die_with_parent()
         # The caller may hold single-process state (a logger's PartialState; debug_launcher does not refuse an
         # Accelerator in the caller, as HF); a rank starts afresh.
@@ -174,12 +192,12 @@ def notebook_launcher(function: Callable, args: tuple = (), num_processes: Optio
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     try:
-        with patch_environment(**env):
+        with patch_environment(**env), _error_files_in(log_dir) as caller_tmp:
             if os.environ.get("ACCELERATE_DEBUG_MODE", "false").lower() == "true":
-                _verify_environment(config, handlers)
+                _verify_environment(config, handlers, caller_tmp)
             print(f"Launching training on {num_processes} processes.")
             _flush_std()
-            elastic_launch(config=config, entrypoint=_Rank(function, handlers))(*args)
+            elastic_launch(config=config, entrypoint=_Rank(function, handlers, tempdir=caller_tmp))(*args)
     except ChildFailedError as exc:
         raise _with_root_cause(exc, log_dir, node_rank, num_processes) from None
     finally:
@@ -211,14 +229,14 @@ def _with_root_cause(exc: Any, log_dir: str, node_rank: int, nproc: int) -> Any:
     return ChildFailedError(exc.name, failures)
 
 
-def _verify_environment(config: Any, handlers: dict) -> None:
+def _verify_environment(config: Any, handlers: dict, tempdir: Optional[str]) -> None:
     """ACCELERATE_DEBUG_MODE: a dry run where each rank only builds its PartialState (HF's check)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
     try:
         _flush_std()
-        elastic_launch(config=config, entrypoint=_Rank(_test_launch, handlers))()
+        elastic_launch(config=config, entrypoint=_Rank(_test_launch, handlers, tempdir=tempdir))()
     except ChildFailedError as e:
         raise RuntimeError("An issue was found when verifying a stable environment for the notebook launcher. "
                            f"The following error was raised: {e}") from e
@@ -240,9 +258,9 @@ def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2)
         with patch_environment(world_size=num_processes, local_world_size=num_processes, master_addr="127.0.0.1",
                                master_port="29500", accelerate_mixed_precision="no", accelerate_use_cpu="yes",
                                accelerate_debug_rdv_file=os.path.join(rdv_dir, "rdv"), gloo_socket_ifname="lo",
-                               fork_launched=1):
+                               fork_launched=1), _error_files_in(rdv_dir) as caller_tmp:
             _flush_std()
-            start_processes(_Rank(function, _caller_handlers(), debug_store=True), args=args, nprocs=num_processes,
-                            start_method="fork")
+            start_processes(_Rank(function, _caller_handlers(), debug_store=True, tempdir=caller_tmp), args=args,
+                            nprocs=num_processes, start_method="fork")
     finally:
         shutil.rmtree(rdv_dir, ignore_errors=True)

@@ -1,7 +1,8 @@
 # tests/test_launchers.py: notebook_launcher / debug_launcher. A plain function trains a small model on 2 forked
 # processes (tests/scripts/launcher_train.py, run as a subprocess with a timeout) and must end where the same
 # function ends in one process with the global batch; a rank that raises must stop its peer and surface in the
-# caller naming the failing rank; HF's argument errors. Not for: `accelerate_c launch` (test_launch.py).
+# caller naming the failing rank, with nothing left in the caller's temp dir; HF's argument errors.
+# Not for: `accelerate_c launch` (test_launch.py).
 import importlib
 import json
 import os
@@ -67,7 +68,14 @@ def test_single_process_runs_in_the_caller(single):
 
 @pytest.mark.parametrize("mode", ["fail", "debug_fail"])
 def test_failed_rank_stops_the_others_and_raises(mode, tmp_path):
-    log = _run(mode, tmp_path, timeout=120)  # rank 0 sleeps 600 s unless the launcher stops it
+    """...and leaves nothing in the caller's temp dir: torch.multiprocessing's error file of each failed child
+    (pytorch-errorfile-*.pickle) stayed there before, one per failed rank per attempt; the ranks themselves see
+    the caller's temp dir."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    log = _run(mode, tmp_path, timeout=120, TMPDIR=str(tmpdir))  # rank 0 sleeps 600 s unless the launcher stops it
+    assert os.listdir(tmpdir) == [], os.listdir(tmpdir)
+    assert [open(tmp_path / f"tempdir_r{r}").read() for r in range(2)] == [str(tmpdir)] * 2
     with open(tmp_path / "caught.json") as fh:
         caught = json.load(fh)
     expected = "ChildFailedError" if mode == "fail" else "ProcessRaisedException"

@@ -5,6 +5,7 @@
 import json
 import os
 import sys
+import tempfile
 import time
 
 import torch
@@ -52,6 +53,8 @@ def probe(out: str, tag: str) -> None:
 
 def fail(out: str) -> None:
     acc = Accelerator()
+    with open(os.path.join(out, f"tempdir_r{acc.process_index}"), "w") as fh:  # the caller's, not the launch folder
+        fh.write(tempfile.gettempdir())
     with open(os.path.join(out, f"pid_r{acc.process_index}.tmp"), "w") as fh:
         fh.write(str(os.getpid()))
     os.replace(os.path.join(out, f"pid_r{acc.process_index}.tmp"), os.path.join(out, f"pid_r{acc.process_index}"))
