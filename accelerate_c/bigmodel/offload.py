@@ -24,7 +24,7 @@ INDEX = "index.json"
 OWN_MAPPING = 1 << 20  # bytes from which a weight read from disk gets a mapping of its own
 
 
-def read_weight(fh: TensorFile, key: str, pool: Optional[RegionPool] = None) -> torch.Tensor:
+def read_weight(fh: TensorFile, key: str, pool: RegionPool) -> torch.Tensor:
     """Tensor `key` of `fh` in fresh memory. A large one lives in a mapping of `pool`'s (regions.py) that goes back
     to the pool, or to the system, when the tensor dies, so reading a layer, using it and dropping it (every
     offloaded forward) gives its pages back: from malloc's heap, freed weights of varying sizes would stay resident
@@ -34,7 +34,7 @@ def read_weight(fh: TensorFile, key: str, pool: Optional[RegionPool] = None) -> 
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     if nbytes < OWN_MAPPING or not hasattr(mmap, "MAP_ANONYMOUS"):
         return fh.tensor(key)
-    out = (pool or RegionPool()).empty(dtype, numel)
+    out = pool.empty(dtype, numel)
     fh.read_into(key, 0, out)
     return out.view(entry["shape"])
 

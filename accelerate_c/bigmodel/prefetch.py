@@ -33,12 +33,13 @@ class Prefetcher:
         self.ahead_bytes = ahead_bytes
         self.order = [id(h) for h, _ in hooks]  # registration order until one forward has been seen
         names = blocks or [str(i) for i in range(len(hooks))]
-        self.block_start = {}  # hook id -> index in the registration order of its block's first hook
-        for i, (h, _) in enumerate(hooks):
-            self.block_start[id(h)] = next(j for j in range(i + 1) if names[j] == names[i])
+        first: dict[str, int] = {}
+        for i, name in enumerate(names):
+            first.setdefault(name, i)
+        # hook id -> index in the registration order of its block's first hook
+        self.block_start = {id(h): first[name] for (h, _), name in zip(hooks, names)}
         self.observed = False  # True once a whole forward's order is known
-        self.seen: list[int] = []
-        self.seen_set: set[int] = set()
+        self.seen: dict[int, None] = {}  # the hooks that ran in this forward, in their order
         self.ahead: dict = {}  # hook id -> Future, in the order they are expected to be taken
         self.lock = threading.Lock()
         self.reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accelerate_c-prefetch")
@@ -64,22 +65,21 @@ class Prefetcher:
                 return self.order[self.order.index(key) + 1:]
             except ValueError:
                 return []
-        return [k for k in self.order[self.block_start[key]:] if k not in self.seen_set]
+        return [k for k in self.order[self.block_start[key]:] if k not in self.seen]
 
     def started(self, hook: AlignDevicesHook, module: nn.Module) -> None:
         """`hook`'s forward has its weights: note the order and queue reads of the modules expected next, up to
         `ahead_bytes` (always the next one). Reads queued for modules that ran without them are dropped."""
         key = id(hook)
         with self.lock:
-            if key in self.seen_set:  # a new forward: the last one's order is the guess from now on
-                self.order, self.seen, self.seen_set, self.observed = self.seen, [], set(), True
+            if key in self.seen:  # a new forward: the last one's order is the guess from now on
+                self.order, self.seen, self.observed = list(self.seen), {}, True
                 stale = list(self.ahead)
             else:
-                stale = [k for k in self.ahead if k in self.seen_set]
+                stale = [k for k in self.ahead if k in self.seen]
             for k in stale:
                 self.ahead.pop(k).cancel()
-            self.seen.append(key)
-            self.seen_set.add(key)
+            self.seen[key] = None
             total = sum(self.nbytes[k] for k in self.ahead)
             for nxt in self._upcoming(key):
                 if nxt in self.ahead:
